@@ -1,0 +1,120 @@
+"""Clear the trainer-side NVRx caches and hand freed CUDA memory back to the device.
+
+The order is NeMo RL's (PR #3322): caches → ``gc.collect()`` → ``torch.cuda.ipc_collect()``
+→ ``torch.cuda.empty_cache()``. The caches are class attributes shared by every
+writer, so they are mutated in place (``.clear()``), never rebound.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from . import _stale_guard
+from ._detect import writer_class
+from ._log import logger
+
+GIB = float(1 << 30)
+#: Trainer-side caches that must be emptied whenever the worker that holds the data goes away.
+CACHE_ATTRS = ("_cached_identifiers", "_cached_tensor_data_ptrs")
+
+_busy = threading.local()
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """What one cleanup did."""
+
+    reason: str
+    keys_cleared: int
+    freed_bytes: int | None  # None: CUDA is not initialised in this process
+    seconds: float
+
+
+@dataclass
+class Totals:
+    """Running totals for ``status()``."""
+
+    cleanups: int = 0
+    keys_cleared: int = 0
+    freed_bytes: int = 0
+
+
+totals = Totals()
+
+
+def device_free_bytes() -> int | None:
+    """Free bytes on the current CUDA device, or ``None`` when CUDA is not in use here."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.mem_get_info()[0])
+    except Exception:
+        return None
+
+
+def cached_key_count() -> int:
+    """How many cache keys the trainer believes the worker holds."""
+    writer = writer_class()
+    ids = getattr(writer, "_cached_identifiers", None) if writer is not None else None
+    try:
+        return len(ids) if ids is not None else 0
+    except TypeError:
+        return 0
+
+
+def clear_trainer_caches(reason: str, free_before: int | None = None) -> Cleanup | None:
+    """Empty the writer's caches, collect garbage and release CUDA IPC blocks.
+
+    ``free_before`` is the device's free memory measured before the worker was closed,
+    so the log line counts what the close and the cleanup freed together.
+    Returns ``None`` when re-entered (a ``__del__`` run by our own ``gc.collect()``).
+    """
+    if getattr(_busy, "active", False):
+        return None
+    _busy.active = True
+    try:
+        return _clear(reason, free_before)
+    finally:
+        _busy.active = False
+
+
+def _clear(reason: str, free_before: int | None) -> Cleanup:
+    start = time.perf_counter()
+    if free_before is None:
+        free_before = device_free_bytes()
+    keys = cached_key_count()
+    writer = writer_class()
+    if writer is not None:
+        cleanup = getattr(writer, "cleanup_tensor_caches", None)
+        if callable(cleanup):
+            cleanup()
+        for name in CACHE_ATTRS:  # the fallback for NVRx without cleanup_tensor_caches
+            cache = getattr(writer, name, None)
+            if cache:
+                cache.clear()
+    _stale_guard.forget_all()
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and free_before is not None:
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+    free_after = device_free_bytes()
+    freed = None if free_before is None or free_after is None else max(0, free_after - free_before)
+    done = Cleanup(reason, keys, freed, time.perf_counter() - start)
+    totals.cleanups += 1
+    totals.keys_cleared += keys
+    totals.freed_bytes += freed or 0
+    logger.info(
+        "cleared %d cached checkpoint key(s) after %s%s (%.2f s)",
+        keys, reason,
+        "" if freed is None else f"; freed {freed / GIB:.2f} GiB on this device",
+        done.seconds,
+    )
+    return done

@@ -1,0 +1,61 @@
+"""Fix ``clear_on_close``: forget what the worker cached as soon as the worker is closed.
+
+Without it the next save sends only a cache key to a fresh worker, which dies with
+"Worker cache miss" while the trainer waits for ever in ``preload_q.join()``
+(NVRx 0.6.0 and 0.7.0; NVRx's own restart callback runs after the payload was chosen).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+from ._cleanup import cached_key_count, clear_trainer_caches, device_free_bytes
+from ._detect import CORE
+from ._log import hook_failed
+
+CLOSE_TARGET = f"{CORE}:PersistentAsyncCaller.close"
+
+
+def close_wrapper(wrapped, instance, args, kwargs):
+    """Around ``PersistentAsyncCaller.close``: the root every close path goes through."""
+    try:
+        had_worker = getattr(instance, "process", None) is not None
+        free_before = device_free_bytes() if had_worker else None
+    except Exception as exc:
+        hook_failed(CLOSE_TARGET, exc)
+        return wrapped(*args, **kwargs)
+    result = wrapped(*args, **kwargs)
+    if had_worker and not sys.is_finalizing():
+        try:
+            clear_trainer_caches("the NVRx checkpoint worker was closed", free_before)
+        except Exception as exc:
+            hook_failed(CLOSE_TARGET, exc)
+    return result
+
+
+_signatures: dict = {}
+
+
+def _terminate_requested(wrapped, args, kwargs) -> bool:
+    sig = _signatures.get(wrapped)
+    if sig is None:
+        sig = _signatures[wrapped] = inspect.signature(wrapped)
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bool(bound.arguments.get("terminate"))
+
+
+def finalize_wrapper(wrapped, instance, args, kwargs):
+    """Around Megatron's and Bridge's ``maybe_finalize_async_save``.
+
+    After ``terminate=True`` the queue is closed but kept; clear what is still cached
+    (normally the root wrapper already did, and this finds nothing to do).
+    """
+    result = wrapped(*args, **kwargs)
+    try:
+        if _terminate_requested(wrapped, args, kwargs) and cached_key_count():
+            clear_trainer_caches("maybe_finalize_async_save(terminate=True)")
+    except Exception as exc:
+        hook_failed(f"{wrapped.__module__}:maybe_finalize_async_save", exc)
+    return result

@@ -1,0 +1,86 @@
+"""What NVRx is installed and which cache features it has.
+
+Features decide, the version only helps: NVRx git builds report ``X.Y.Z.devN+hash``
+and ``__version__`` exists only from 0.5.0. Nothing here imports NVRx; a class is
+probed only once its module is in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+NVRX_DIST = "nvidia-resiliency-ext"
+CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+#: First release with the IPC tensor cache.
+FIRST_CACHING_RELEASE = (0, 6, 0)
+
+
+def distribution_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, or ``None`` if it is not installed."""
+    from importlib import metadata  # deferred: costs more than the rest of the package
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+    except Exception:  # a broken dist-info must not break status()
+        return "unknown"
+
+
+def writer_class():
+    """NVRx's ``FileSystemWriterAsync`` if its module is imported, else ``None``."""
+    module = sys.modules.get(FS)
+    return getattr(module, "FileSystemWriterAsync", None)
+
+
+def caller_class():
+    """NVRx's ``PersistentAsyncCaller`` if its module is imported, else ``None``."""
+    module = sys.modules.get(CORE)
+    return getattr(module, "PersistentAsyncCaller", None)
+
+
+def features() -> dict[str, str]:
+    """Probe the imported NVRx classes; each value is ``yes``, ``no``, a type name or ``not imported``."""
+    found: dict[str, str] = {}
+    caller = caller_class()
+    if caller is None:
+        found["PersistentAsyncCaller._worker_data_cache"] = "not imported"
+    else:
+        found["PersistentAsyncCaller._worker_data_cache"] = _yes(hasattr(caller, "_worker_data_cache"))
+    writer = writer_class()
+    names = ("_cached_identifiers", "cleanup_tensor_caches", "_cached_tensor_data_ptrs")
+    for name in names:
+        key = f"FileSystemWriterAsync.{name}"
+        if writer is None:
+            found[key] = "not imported"
+        elif name == "_cached_identifiers" and hasattr(writer, name):
+            found[key] = type(getattr(writer, name)).__name__
+        else:
+            found[key] = _yes(hasattr(writer, name))
+    return found
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def release_has_cache(version: str | None) -> bool | None:
+    """``False`` for a release older than 0.6.0, ``True`` for 0.6.0 or newer, ``None`` if unknown.
+
+    Dev and local builds (``0.5.0.dev94+g1ae74b7``) return ``None``: git main had the
+    cache before 0.6.0 was tagged, so only a probe of the classes can tell.
+    """
+    if not version or version == "unknown":
+        return None
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        return None
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return None
+    if parsed.is_devrelease or parsed.local or parsed.is_prerelease:
+        return None
+    return parsed.release[:3] >= FIRST_CACHING_RELEASE

@@ -1,0 +1,84 @@
+"""Post-import hooks with the standard library alone.
+
+wrapt's ``register_post_import_hook`` would do, but ``import wrapt`` 2.x imports asyncio
+and costs more than a whole interpreter start-up on a small machine, so activation
+registers hooks here and wrapt is imported only when a target module has been imported.
+Semantics follow wrapt's: a hook runs once, right after its module executes, or at once
+if the module is already imported; a failing hook never breaks the import.
+"""
+
+import sys
+
+_hooks = {}  # module name -> [callable(module)]
+_searching = set()  # names whose spec this finder is looking up (re-entry guard)
+
+
+def when_imported(name, hook):
+    """Run ``hook(module)`` after ``name`` is imported, or now if it already is."""
+    module = sys.modules.get(name)
+    if module is not None:
+        _call(hook, module)
+        return
+    _hooks.setdefault(name, []).append(hook)
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+
+
+def _call(hook, module):
+    try:
+        hook(module)
+    except Exception as exc:  # the user's import must not fail because of us
+        from ._log import warn_once
+
+        warn_once(("import-hook", module.__name__), "nvrx_ipc_fix: hook for %s failed: %s",
+                  module.__name__, exc)
+
+
+class _Finder:
+    """A meta-path finder that only decorates the loader of hooked modules."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _hooks or fullname in _searching:
+            return None
+        _searching.add(fullname)
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            _searching.discard(fullname)
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Loader(spec.loader)
+        return spec
+
+
+class _Loader:
+    """Runs the real loader, puts it back on the module, then fires the hooks."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module):
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        name = module.__spec__.name if module.__spec__ is not None else module.__name__
+        for hook in _hooks.pop(name, ()):
+            _call(hook, sys.modules.get(name, module))
+
+
+_FINDER = _Finder()

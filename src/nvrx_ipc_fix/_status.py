@@ -1,0 +1,89 @@
+"""The frozen ``Status`` that ``status()`` returns, and its table form."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class State(str, enum.Enum):
+    """The state of one fix or one patch target."""
+
+    ACTIVE = "active"  # patched; the fix runs
+    PENDING = "pending"  # waiting for the target module to be imported
+    FIXED_UPSTREAM = "fixed_upstream"  # this NVRx already does it; nothing installed
+    NOT_APPLICABLE = "not_applicable"  # this NVRx (or its absence) cannot have the bug
+    UNSUPPORTED = "unsupported"  # the target's shape differs from what the fix expects
+    DISABLED = "disabled"  # turned off (environment or deactivate())
+    ERROR = "error"  # patching or a hook failed; the original runs
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Which state a fix shows when its targets differ (first match wins).
+PRECEDENCE = (State.ERROR, State.ACTIVE, State.PENDING, State.FIXED_UPSTREAM,
+              State.UNSUPPORTED, State.NOT_APPLICABLE, State.DISABLED)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetStatus:
+    fix: str
+    target: str  # "module:Qualified.name"
+    state: State
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class FixStatus:
+    name: str
+    state: State
+    reason: str
+    summary: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """A snapshot of what the package did in this process."""
+
+    version: str
+    activated: bool
+    source: str | None  # "import", "explicit", or None when never activated
+    pid: int
+    nvrx_version: str | None
+    wrapt_version: str | None
+    features: dict
+    fixes: tuple[FixStatus, ...]
+    targets: tuple[TargetStatus, ...]
+    cleanups: int
+    keys_cleared: int
+    freed_bytes: int
+
+    def fix(self, name: str) -> FixStatus:
+        """The status of fix ``name``."""
+        return next(f for f in self.fixes if f.name == name)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (states as strings)."""
+        return dataclasses.asdict(
+            self, dict_factory=lambda pairs: {k: str(v) if isinstance(v, State) else v
+                                              for k, v in pairs})
+
+    def table(self) -> str:
+        """A short human-readable report."""
+        nvrx = self.nvrx_version or "not installed"
+        how = f"activated ({self.source})" if self.activated else "not active"
+        lines = [f"nvrx-ipc-fix {self.version}: {how}, pid {self.pid}",
+                 f"NVRx {nvrx}, wrapt {self.wrapt_version or 'not installed'}", "", "fixes:"]
+        width = max(len(f.name) for f in self.fixes)
+        for f in self.fixes:
+            lines.append(f"  {f.name:<{width}}  {f.state.value:<14}  {f.reason}")
+        lines += ["", "targets:"]
+        width = max(len(t.target) for t in self.targets)
+        for t in self.targets:
+            lines.append(f"  {t.target:<{width}}  {t.state.value:<14}  {t.reason}")
+        lines += ["", "NVRx features:"]
+        lines += [f"  {name}: {value}" for name, value in self.features.items()]
+        lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
+                      f"{self.freed_bytes / (1 << 30):.2f} GiB freed)"]
+        return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""The one table of patch targets that activation, deactivation, status and tests all read.
+
+Each target names a module, a dotted attribute inside it, its wrapt-style wrapper
+(``module:function`` in this package, imported only when the target is patched), the
+leading parameters the original must have, and a probe that decides, once the module is
+imported, whether the fix applies. Only standard-library names are imported here.
+"""
+
+import sys
+
+from ._detect import CORE, FS, NVRX_DIST, distribution_version, release_has_cache
+
+#: Fix name -> what it does, in one line.
+FIXES = {
+    "clear_on_close": "clear the trainer-side cache when the checkpoint worker is closed "
+                      "(no 'Worker cache miss' hang on the next save)",
+    "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
+}
+
+
+def nvrx_worker_cache(_module):
+    """Megatron/Bridge targets: does the installed NVRx cache IPC handles?"""
+    core = sys.modules.get(CORE)
+    if core is not None:
+        return worker_cache(core)
+    version = distribution_version(NVRX_DIST)
+    if version is None:
+        return "not_applicable", "nvidia-resiliency-ext is not installed"
+    if release_has_cache(version) is False:
+        return "not_applicable", f"NVRx {version} has no IPC tensor cache (added in 0.6.0)"
+    return "active", f"NVRx {version} may cache IPC handles in its worker"
+
+
+def worker_cache(core):
+    """NVRx core: does the persistent worker keep a data cache?"""
+    if hasattr(core.PersistentAsyncCaller, "_worker_data_cache"):
+        return "active", "NVRx caches tensors in its persistent worker"
+    return "not_applicable", ("this NVRx has no worker cache "
+                              "(no PersistentAsyncCaller._worker_data_cache)")
+
+
+def writer_cache(fs):
+    """NVRx filesystem_async: is the IPC cache there, and does it check data pointers?"""
+    writer = fs.FileSystemWriterAsync
+    if "_cached_identifiers" not in vars(writer):
+        return "not_applicable", ("this NVRx has no IPC tensor cache "
+                                  "(no FileSystemWriterAsync._cached_identifiers)")
+    if hasattr(writer, "_cached_tensor_data_ptrs"):
+        return "fixed_upstream", "NVRx re-sends when data pointers change (NVRx PR #314)"
+    if not hasattr(fs, "_compute_data_structure_key_from_plan"):
+        return "unsupported", "filesystem_async has no _compute_data_structure_key_from_plan"
+    return "active", "NVRx caches IPC handles without checking the storage"
+
+
+class Target:
+    """One function or method to wrap."""
+
+    __slots__ = ("fix", "module", "attr", "wrapper", "params", "applies", "aliases")
+
+    def __init__(self, fix, module, attr, wrapper, params, applies, aliases=False):
+        self.fix = fix
+        self.module = module
+        self.attr = attr  # dotted path inside the module
+        self.wrapper = wrapper  # "module:function" in this package, wrapt's signature
+        self.params = params  # leading parameter names the original must have
+        self.applies = applies  # module -> (state, reason)
+        self.aliases = aliases  # module-level function: also redirect `from module import attr`
+
+    @property
+    def name(self):
+        return f"{self.module}:{self.attr}"
+
+    def __repr__(self):
+        return f"Target({self.name})"
+
+
+MEGATRON = "megatron.training.async_utils"
+BRIDGE = "megatron.bridge.training.checkpointing"
+
+TARGETS = (
+    Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
+           "_clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
+    Target("clear_on_close", MEGATRON, "maybe_finalize_async_save",
+           "_clear_on_close:finalize_wrapper", ("blocking", "terminate"),
+           nvrx_worker_cache, aliases=True),
+    Target("clear_on_close", BRIDGE, "maybe_finalize_async_save",
+           "_clear_on_close:finalize_wrapper", ("global_state", "ckpt_cfg", "blocking",
+                                                "terminate"), nvrx_worker_cache, aliases=True),
+    Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
+           "_stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
+           writer_cache),
+)

@@ -1,0 +1,47 @@
+"""A CPU stand-in for CUDA IPC, to drive NVRx's worker cache on a machine without a GPU.
+
+This is the only fake in the tests and the demo, and it fakes only the device:
+
+* ``FakeCudaTensor`` reports ``cuda:0`` in the trainer process and its real CPU device in
+  any other process. NVRx therefore puts it in its "GPU" bucket and caches it. Pickled to
+  the spawned worker, its storage moves to shared memory, which the worker keeps mapped
+  exactly as it keeps a CUDA IPC mapping: the worker reads the trainer's live storage,
+  and an abandoned storage stays alive in the worker (so stale data reproduces).
+* NVRx's finalize and ``sync_all_async_calls`` build their flag tensors on
+  ``torch.cuda.current_device()``; ``install()`` points that at the CPU in the trainer,
+  where a gloo process group all-reduces them.
+* Loading a checkpoint the worker wrote needs ``FakeCudaTensor`` among torch's safe globals.
+
+The worker must use ``AsyncCallsQueue(cpu_shm_mode=True)`` where that exists, so that it
+does not initialise CUDA; the writer still takes the GPU IPC path.
+"""
+
+import os
+
+import torch
+
+_trainer_pid = None
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A CPU tensor that says it is on ``cuda:0`` in the trainer process."""
+
+    @property
+    def device(self):
+        real = torch.Tensor.device.__get__(self)
+        if os.getpid() == _trainer_pid and real.type == "cpu":
+            return torch.device("cuda", 0)
+        return real
+
+
+def install():
+    """Make this process the trainer for ``FakeCudaTensor`` (idempotent)."""
+    global _trainer_pid
+    _trainer_pid = os.getpid()
+    torch.cuda.current_device = lambda: "cpu"
+    torch.serialization.add_safe_globals([FakeCudaTensor])
+
+
+def on_fake_device(tensor):
+    """``tensor`` (a CPU tensor) as a ``FakeCudaTensor`` sharing its storage."""
+    return tensor.as_subclass(FakeCudaTensor)
