@@ -6,10 +6,12 @@ one trainer rank with ``AsyncCallsQueue(persistent=True)`` and
 Steps: ``save`` (write new values into every tensor in place, save, finalize, load the
 checkpoint back and count tensors whose values are not the ones saved), ``replace`` (give
 every tensor new storage, as ``model.to("cpu")`` and back does), ``close`` (close the
-queue, as ``maybe_finalize_async_save(terminate=True)`` does).
+queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
+``deactivate`` (the package's own calls, to test late activation).
 
-A watchdog turns a save that does not finish within ``--timeout`` seconds into a reported
-hang: it kills the worker and exits. Uses CUDA when present, else ``fakecuda``. The tests
+A watchdog turns a save into a reported hang when it has not finished within
+``--timeout`` seconds, or as soon as the worker it waits for has died (NVRx would wait
+for ever): it reports, kills the worker and exits. Uses CUDA when present, else ``fakecuda``. The tests
 and ``python -m nvrx_ipc_fix demo`` run it in a subprocess, with and without the fix
 (``NVRX_IPC_FIX_DISABLE=1``).
 """
@@ -125,11 +127,12 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True):
     trainer = Trainer(directory, n_tensors, numel, cached)
     for index, step in enumerate(steps):
         if step == "save":
-            watchdog = threading.Timer(timeout, _hang, (report, index, timeout))
-            watchdog.daemon = True
+            done = threading.Event()
+            watchdog = threading.Thread(target=_watch, args=(trainer, done, report, index,
+                                                              timeout), daemon=True)
             watchdog.start()
             blocked, total, path = trainer.save()
-            watchdog.cancel()
+            done.set()
             report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
                                     "total_s": round(total, 4),
                                     "stale": trainer.stale_tensors(path),
@@ -138,8 +141,11 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True):
             trainer.replace()
         elif step == "close":
             trainer.close()
+        elif step in ("activate", "deactivate"):
+            getattr(nvrx_ipc_fix, step)()
         else:
-            raise ValueError(f"unknown step {step!r} (save, replace, close)")
+            raise ValueError(f"unknown step {step!r} (save, replace, close, activate, "
+                             "deactivate)")
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     trainer.close()
@@ -150,14 +156,22 @@ def _fix_states():
     return {f.name: str(f.state) for f in nvrx_ipc_fix.status().fixes}
 
 
-def _hang(report, index, timeout):
-    """Watchdog: the save at ``index`` did not finish. Report, kill the worker, exit."""
-    workers = multiprocessing.active_children()
-    report["hang"] = {"step": index, "after_s": timeout,
-                      "worker_exit_codes": [w.exitcode for w in workers]}
+def _watch(trainer, done, report, index, timeout):
+    """Watchdog of the save at ``index``: report a hang, kill the worker, exit."""
+    start = time.monotonic()
+    while not done.wait(0.2):
+        caller = getattr(trainer.queue, "persistent_caller", None)
+        worker = getattr(caller, "process", None)
+        died = worker is not None and worker.exitcode is not None
+        if died or time.monotonic() - start > timeout:
+            break
+    else:
+        return
+    report["hang"] = {"step": index, "after_s": round(time.monotonic() - start, 1),
+                      "worker_died": died}
     report["fix"] = _fix_states()
-    for worker in workers:
-        worker.kill()
+    for child in multiprocessing.active_children():
+        child.kill()
     print(json.dumps(report), flush=True)
     os._exit(0)
 

@@ -1,0 +1,90 @@
+"""Shared helpers: run code or a save scenario in a fresh interpreter, with a hard timeout.
+
+Everything that patches NVRx runs in a subprocess (hooks, patches and ``sys.modules``
+would otherwise leak between tests). Expectations per NVRx version live in ``EXPECT``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+
+import pytest
+
+try:
+    NVRX = metadata.version("nvidia-resiliency-ext")
+except metadata.PackageNotFoundError:
+    NVRX = None
+
+#: What each NVRx release does without the package (measured; see nvrx-compat.md).
+EXPECT = {
+    #        cache   stale after replace   hang after close   pointer check (PR #314)
+    "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False),
+    "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False),
+    "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False),
+    "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True),
+}
+
+needs_nvrx = pytest.mark.skipif(NVRX is None, reason="nvidia-resiliency-ext is not installed "
+                                "in this tox env (the nonvrx env)")
+needs_cache = pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("cache"),
+                                 reason=f"NVRx {NVRX} has no IPC cache")
+
+
+def expect(key):
+    return EXPECT[NVRX][key]
+
+
+def _env(fix, extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
+    if not fix:
+        env["NVRX_IPC_FIX_DISABLE"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run_process(args, *, fix=True, env=None, timeout=120):
+    """Run ``args`` in a new session; kill the whole group (worker included) on timeout."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(fix, env), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{args} still running after {timeout} s (backstop watchdog)\n{err[-3000:]}")
+    return proc.returncode, out, err
+
+
+def run_python(code, *, fix=True, env=None, timeout=120):
+    """Run ``code`` in a fresh interpreter; return its last stdout line parsed as JSON."""
+    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix, env=env,
+                               timeout=timeout)
+    assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def scenario(steps, *, fix=True, timeout=20, prelude="", tensors=8):
+    """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.scenario).
+
+    ``prelude`` runs first in the child (to alter NVRx for a test). Returns the report,
+    with ``cache_miss`` (the worker printed "Worker cache miss") added.
+    """
+    code = f"""
+        import json, tempfile
+        {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
+        from nvrx_ipc_fix import scenario
+        with tempfile.TemporaryDirectory() as d:
+            print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
+                                          n_tensors={tensors}, numel=512)))
+    """
+    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix,
+                               timeout=timeout * len(steps) + 120)
+    assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    report = json.loads(out.strip().splitlines()[-1])
+    report["cache_miss"] = "Worker cache miss" in err
+    report["stderr"] = err[-3000:]
+    return report

@@ -1,0 +1,136 @@
+"""Every order of import / activate / deactivate, each in a fresh interpreter, against the
+real NVRx classes: patched exactly once, restored exactly, ``status()`` true in each state.
+
+Each run checks the state after every step, so the maximal sequences cover their prefixes.
+"""
+
+import itertools
+
+import pytest
+
+from conftest import NVRX, expect, needs_nvrx, run_python
+
+pytestmark = needs_nvrx
+
+CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+
+CHECKER = """
+import importlib, json, sys
+STEPS = {steps!r}
+SITES = {{"close": ("{core}", "PersistentAsyncCaller"),
+          "prepare_write_data": ("{fs}", "FileSystemWriterAsync")}}
+innermost, log = {{}}, []
+
+def observe():
+    seen = {{}}
+    for name, (module, cls) in SITES.items():
+        if module not in sys.modules:
+            continue
+        raw = vars(getattr(sys.modules[module], cls))[name]
+        depth, f = 0, raw
+        while hasattr(f, "__wrapped__"):
+            depth, f = depth + 1, f.__wrapped__
+        first = innermost.setdefault(name, f)
+        seen[name] = {{"depth": depth, "same_original": f is first,
+                      "qualname": f.__qualname__}}
+    if "nvrx_ipc_fix" in sys.modules:
+        status = sys.modules["nvrx_ipc_fix"].status()
+        seen["activated"] = status.activated
+        seen["targets"] = {{t.target.split(":")[1]: str(t.state) for t in status.targets}}
+    return seen
+
+for step in STEPS:
+    if step == "pkg":
+        import nvrx_ipc_fix
+    elif step == "nvrx":
+        importlib.import_module("{core}"); importlib.import_module("{fs}")
+    elif step == "foreign":  # another library wraps on top of us (wrapt, like most do)
+        import wrapt
+        wrapt.wrap_function_wrapper("{core}", "PersistentAsyncCaller.close",
+                                    lambda w, i, a, k: w(*a, **k))
+    else:
+        getattr(sys.modules["nvrx_ipc_fix"], step)()
+    log.append([step, observe()])
+print(json.dumps(log))
+"""
+
+
+def run_steps(steps, env=None):
+    return run_python(CHECKER.format(steps=list(steps), core=CORE, fs=FS), env=env)
+
+
+def expected_depths(active, imported):
+    """How many of our wrappers sit on each NVRx method in that state."""
+    on = active and imported
+    return {"close": int(on and expect("cache")),
+            "prepare_write_data": int(on and expect("cache") and not expect("upstream_ptrs"))}
+
+
+def expected_state(active, imported, target):
+    if not active:
+        return "disabled"
+    if not imported:
+        return "pending"
+    if not expect("cache"):
+        return "not_applicable"
+    if target == "FileSystemWriterAsync.prepare_write_data" and expect("upstream_ptrs"):
+        return "fixed_upstream"
+    return "active"
+
+
+def sequences():
+    """pkg first (it activates) with nvrx imported at every point of two toggles; and nvrx
+    imported before the package (late activation)."""
+    for toggles in itertools.product(["activate", "deactivate"], repeat=2):
+        for at in range(3):
+            rest = list(toggles)
+            rest.insert(at, "nvrx")
+            yield ["pkg", *rest]
+        yield ["nvrx", "pkg", *toggles]
+
+
+@pytest.mark.parametrize("steps", list(sequences()), ids="-".join)
+def test_lifecycle_order(steps):
+    active = imported = False
+    for (step, seen), wanted in zip(run_steps(steps), steps):
+        assert step == wanted
+        active = {"pkg": True, "activate": True, "deactivate": False}.get(step, active)
+        imported = imported or step == "nvrx"
+        for name, depth in expected_depths(active, imported).items():
+            if imported:
+                assert seen[name]["depth"] == depth, (steps, step, name, seen)
+                assert seen[name]["same_original"], (steps, step, name)
+        if "targets" in seen:
+            assert seen["activated"] is active
+            for target, state in seen["targets"].items():
+                if target.startswith("maybe_finalize"):
+                    assert state in ("pending", "disabled")
+                else:
+                    assert state == expected_state(active, imported, target), (steps, step)
+
+
+def test_kill_switch_patches_nothing():
+    log = run_steps(["pkg", "nvrx", "activate"], env={"NVRX_IPC_FIX_DISABLE": "1"})
+    for _, seen in log[1:]:
+        assert seen["close"]["depth"] == 0
+        assert set(seen["targets"].values()) == {"disabled"}
+        assert seen["activated"] is False
+
+
+@pytest.mark.skipif(NVRX not in ("0.6.0", "0.7.0"), reason="needs a patched close()")
+def test_foreign_wrapper_on_top_is_kept_and_we_go_inert():
+    log = dict((s, o) for s, o in run_steps(
+        ["pkg", "nvrx", "foreign", "deactivate", "activate", "deactivate"]))
+    assert log["foreign"]["close"]["depth"] == 2
+    assert log["deactivate"]["close"]["depth"] == 2  # left in their chain, switched off
+    assert log["deactivate"]["targets"]["PersistentAsyncCaller.close"] == "disabled"
+    assert log["activate"]["close"]["depth"] == 2  # re-enabled, never stacked
+
+
+def test_fix_disabled_by_name():
+    log = run_steps(["pkg", "nvrx"], env={"NVRX_IPC_FIX_DISABLE": "stale_guard"})
+    seen = log[-1][1]
+    assert seen["prepare_write_data"]["depth"] == 0
+    assert seen["targets"]["FileSystemWriterAsync.prepare_write_data"] == "disabled"
+    assert seen["close"]["depth"] == int(expect("cache"))
