@@ -1,7 +1,8 @@
 """Every ``NVRX_IPC_FIX_*`` environment variable: name, default, parser.
 
 Values are read when they are needed, so a launcher or a test can change them between
-activations. An invalid value logs one WARNING and falls back to the default.
+activations. An invalid value gives one ``RuntimeWarning`` (shown on stderr by default,
+unlike our logger) and falls back to the default.
 """
 
 import os
@@ -17,6 +18,15 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 _LEVELS = ("debug", "info", "warning", "error")
 _handler = None
+_warned = set()
+
+
+def _invalid(name, raw, why):
+    if (name, raw) not in _warned:
+        _warned.add((name, raw))
+        import warnings
+
+        warnings.warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", RuntimeWarning, stacklevel=3)
 
 
 def disabled_fixes(known):
@@ -29,10 +39,8 @@ def disabled_fixes(known):
     names = {part.strip() for part in raw.split(",") if part.strip()}
     unknown = names.difference(known)
     if unknown:
-        from ._log import warn_once
-
-        warn_once(("env", DISABLE, raw), "%s=%r names unknown fixes %s (known: %s, or 1 for "
-                  "all); ignoring those", DISABLE, raw, sorted(unknown), ", ".join(known))
+        _invalid(DISABLE, raw, f"names unknown fixes {sorted(unknown)} (known: "
+                 f"{', '.join(known)}, or 1 for all); ignoring those")
     return frozenset(names.intersection(known))
 
 
@@ -42,14 +50,13 @@ def configure_logging():
     raw = os.environ.get(LOG_LEVEL, "").strip().lower()
     if not raw:
         return
+    if raw not in _LEVELS:
+        _invalid(LOG_LEVEL, raw, f"is not one of {', '.join(_LEVELS)}; ignoring it")
+        return
     import logging
 
-    from ._log import logger, warn_once
+    from ._log import logger
 
-    if raw not in _LEVELS:
-        warn_once(("env", LOG_LEVEL, raw), "%s=%r is not one of %s; ignoring it",
-                  LOG_LEVEL, raw, ", ".join(_LEVELS))
-        return
     if _handler is None:
         _handler = logging.StreamHandler()
         _handler.setFormatter(logging.Formatter(

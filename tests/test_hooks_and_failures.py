@@ -1,0 +1,109 @@
+"""The standard-library post-import hook, import cost, and the never-break-the-user rules.
+
+Hook tests use a throw-away module on ``sys.path``; failure tests break our own hook code
+(never NVRx) and check that the user's call still does what NVRx does.
+"""
+
+import json
+import sys
+
+import pytest
+
+from conftest import expect, needs_cache, needs_nvrx, run_process, run_python
+
+
+def test_import_imports_neither_torch_nor_nvrx_nor_wrapt(tmp_path):
+    heavy = ["torch", "nvidia_resiliency_ext", "wrapt", "logging", "inspect", "dataclasses",
+             "megatron"]
+    loaded = run_python(f"""
+        import sys, json, nvrx_ipc_fix
+        print(json.dumps([m for m in {heavy!r} if m in sys.modules]))
+    """)
+    assert loaded == []
+
+
+def test_hook_runs_after_import_restores_loader_and_survives_a_failing_hook(tmp_path):
+    (tmp_path / "hooked_mod.py").write_text("VALUE = 41\n")
+    result = run_python(f"""
+        import json, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from nvrx_ipc_fix import _hooks
+        calls = []
+        _hooks.when_imported("hooked_mod", lambda m: calls.append(m.VALUE + 1))
+        _hooks.when_imported("hooked_mod", lambda m: 1 / 0)  # must not break the import
+        import hooked_mod
+        late = []
+        _hooks.when_imported("hooked_mod", lambda m: late.append(m.VALUE))  # already imported
+        print(json.dumps({{"calls": calls, "late": late,
+                          "loader": type(hooked_mod.__loader__).__name__,
+                          "spec_loader": type(hooked_mod.__spec__.loader).__name__}}))
+    """)
+    assert result == {"calls": [42], "late": [41], "loader": "SourceFileLoader",
+                      "spec_loader": "SourceFileLoader"}
+
+
+def test_invalid_env_values_warn_once_and_fall_back(tmp_path):
+    rc, out, err = run_process([sys.executable, "-c", (
+        "import nvrx_ipc_fix, json;"
+        "nvrx_ipc_fix.activate(); nvrx_ipc_fix.activate();"
+        "s = nvrx_ipc_fix.status();"
+        "print(json.dumps([s.activated, [str(f.state) for f in s.fixes]]))")],
+        env={"NVRX_IPC_FIX_DISABLE": "stale_gaurd", "NVRX_IPC_FIX_LOG_LEVEL": "loud"})
+    assert rc == 0, err
+    activated, states = json.loads(out.splitlines()[-1])
+    assert activated and "disabled" not in states
+    assert err.count("names unknown fixes ['stale_gaurd']") == 1, err
+    assert err.count("NVRX_IPC_FIX_LOG_LEVEL='loud' is not one of") == 1, err
+
+
+@needs_cache
+def test_failing_cleanup_leaves_close_working_and_reports_error():
+    result = run_python("""
+        import json, logging
+        import nvrx_ipc_fix
+        from nvrx_ipc_fix import _cleanup, _clear_on_close
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+        def boom(*a, **k):
+            raise RuntimeError("boom")
+        _clear_on_close.clear_trainer_caches = boom
+        records = []
+        handler = logging.Handler(); handler.emit = records.append
+        logging.getLogger("nvrx_ipc_fix").addHandler(handler)
+        class Proc:  # a worker handle that is already gone
+            def join(self, timeout=None): pass
+            def is_alive(self): return False
+        for _ in range(2):
+            caller = core.PersistentAsyncCaller()
+            caller.process = Proc()
+            caller.queue.put = lambda item: None
+            caller.queue.join = lambda: None
+            caller.close()
+            closed = caller.process is None
+        target = [t for t in nvrx_ipc_fix.status().targets if t.target.endswith(".close")][0]
+        print(json.dumps({"closed": closed, "state": str(target.state), "reason": target.reason,
+                          "warnings": [r.getMessage() for r in records
+                                       if r.levelno == logging.WARNING]}))
+    """)
+    assert result["closed"]
+    assert result["state"] == "error" and "boom" in result["reason"]
+    assert len(result["warnings"]) == 1 and "boom" in result["warnings"][0]
+
+
+@needs_nvrx
+def test_unknown_shape_is_left_unpatched_with_the_reason():
+    result = run_python("""
+        import json, os
+        os.environ["NVRX_IPC_FIX_DISABLE"] = "1"
+        import nvrx_ipc_fix
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+        def close(self, force, abort=False):  # an NVRx whose close() looks different
+            pass
+        core.PersistentAsyncCaller.close = close
+        del os.environ["NVRX_IPC_FIX_DISABLE"]
+        nvrx_ipc_fix.activate()
+        target = [t for t in nvrx_ipc_fix.status().targets if t.target.endswith(".close")][0]
+        print(json.dumps({"state": str(target.state), "reason": target.reason,
+                          "untouched": core.PersistentAsyncCaller.__dict__["close"] is close}))
+    """)
+    assert result["state"] == "unsupported" and result["untouched"]
+    assert "('self', 'force')" in result["reason"]
