@@ -24,7 +24,8 @@ def test_json_status_matches_the_installed_nvrx():
     elif not EXPECT[NVRX]["cache"]:
         assert fixes == {"clear_on_close": "not_applicable", "stale_guard": "not_applicable"}
         megatron = [t for t in status["targets"] if t["target"].startswith("megatron")]
-        assert {t["state"] for t in megatron} == {"pending"}
+        assert {t["state"] for t in megatron} == {"not_applicable"}
+        assert all("has no worker cache" in t["reason"] for t in megatron)
     else:
         assert fixes["clear_on_close"] == "active"
         assert fixes["stale_guard"] == ("fixed_upstream" if EXPECT[NVRX]["upstream_ptrs"]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import expect, needs_cache, needs_nvrx, run_process, run_python
+from conftest import needs_cache, run_process, run_python
 
 
 def test_import_imports_neither_torch_nor_nvrx_nor_wrapt(tmp_path):
@@ -89,7 +89,7 @@ def test_failing_cleanup_leaves_close_working_and_reports_error():
     assert len(result["warnings"]) == 1 and "boom" in result["warnings"][0]
 
 
-@needs_nvrx
+@needs_cache
 def test_unknown_shape_is_left_unpatched_with_the_reason():
     result = run_python("""
         import json, os

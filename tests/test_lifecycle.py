@@ -104,8 +104,9 @@ def test_lifecycle_order(steps):
         if "targets" in seen:
             assert seen["activated"] is active
             for target, state in seen["targets"].items():
-                if target.startswith("maybe_finalize"):
-                    assert state in ("pending", "disabled")
+                if target.startswith("maybe_finalize"):  # Megatron is not installed here
+                    wanted_state = "pending" if expect("cache") else "not_applicable"
+                    assert state == (wanted_state if active else "disabled"), (steps, step)
                 else:
                     assert state == expected_state(active, imported, target), (steps, step)
 

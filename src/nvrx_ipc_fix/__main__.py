@@ -19,9 +19,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument("--no-import", action="store_true",
                        help="do not import NVRx first (targets stay 'pending')")
-    demo = sub.add_parser("demo", help="run the NVRx worker through the failures, "
+    sub.add_parser("demo", help="run the NVRx worker through the failures, "
                                        "without and with the fix")
-    demo.add_argument("--nvrx-label", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run

@@ -103,17 +103,17 @@ def _patch(target, module):
         _verdicts[target] = ("active", "patched (re-enabled under another wrapper)")
         return
     try:
-        owner, name, original = _resolve(module, target.attr)
-        problem = _shape_problem(original, target.params)
-        if problem:
-            _verdicts[target] = ("unsupported", problem)
-            return
         state, reason = target.applies(module)
         if state == "active":
-            _install(target, owner, name, original)
-            from ._log import logger
+            owner, name, original = _resolve(module, target.attr)
+            problem = _shape_problem(original, target.params)
+            if problem:
+                state, reason = "unsupported", f"{target.attr}: {problem}"
+            else:
+                _install(target, owner, name, original)
+                from ._log import logger
 
-            logger.info("patched %s: %s", target.name, reason)
+                logger.info("patched %s: %s", target.name, reason)
         _verdicts[target] = (state, reason)
     except Exception as exc:
         from ._log import warn_once
@@ -219,6 +219,9 @@ def _target_state(target, State):
     if target in _verdicts:
         state, reason = _verdicts[target]
         return State(state), reason
+    known = target.applies(None)
+    if known is not None and known[0] != "active":
+        return State(known[0]), known[1]
     reason = f"waiting for `import {target.module}`"
     if target.module.startswith("nvidia_resiliency_ext.") and not _detect.distribution_version(
         _detect.NVRX_DIST

@@ -19,7 +19,10 @@ FIXES = {
 
 
 def nvrx_worker_cache(_module):
-    """Megatron/Bridge targets: does the installed NVRx cache IPC handles?"""
+    """Megatron/Bridge targets: does the installed NVRx cache IPC handles?
+
+    Needs no Megatron module, so ``status()`` asks it for pending targets too.
+    """
     core = sys.modules.get(CORE)
     if core is not None:
         return worker_cache(core)
@@ -33,6 +36,8 @@ def nvrx_worker_cache(_module):
 
 def worker_cache(core):
     """NVRx core: does the persistent worker keep a data cache?"""
+    if core is None:
+        return None
     if hasattr(core.PersistentAsyncCaller, "_worker_data_cache"):
         return "active", "NVRx caches tensors in its persistent worker"
     return "not_applicable", ("this NVRx has no worker cache "
@@ -41,6 +46,8 @@ def worker_cache(core):
 
 def writer_cache(fs):
     """NVRx filesystem_async: is the IPC cache there, and does it check data pointers?"""
+    if fs is None:
+        return None
     writer = fs.FileSystemWriterAsync
     if "_cached_identifiers" not in vars(writer):
         return "not_applicable", ("this NVRx has no IPC tensor cache "
@@ -63,7 +70,7 @@ class Target:
         self.attr = attr  # dotted path inside the module
         self.wrapper = wrapper  # "module:function" in this package, wrapt's signature
         self.params = params  # leading parameter names the original must have
-        self.applies = applies  # module -> (state, reason)
+        self.applies = applies  # module or None -> (state, reason), or None if it needs the module
         self.aliases = aliases  # module-level function: also redirect `from module import attr`
 
     @property

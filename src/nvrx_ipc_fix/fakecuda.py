@@ -11,6 +11,9 @@ This is the only fake in the tests and the demo, and it fakes only the device:
   ``torch.cuda.current_device()``; ``install()`` points that at the CPU in the trainer,
   where a gloo process group all-reduces them.
 * Loading a checkpoint the worker wrote needs ``FakeCudaTensor`` among torch's safe globals.
+* NVRx 0.4.1 and 0.5.0 call ``torch.cuda.synchronize()`` in the worker after every copy;
+  without CUDA there is nothing to wait for, so importing this module (the worker does, to
+  unpickle the tensors) makes it a no-op when CUDA is not available.
 
 The worker must use ``AsyncCallsQueue(cpu_shm_mode=True)`` where that exists, so that it
 does not initialise CUDA; the writer still takes the GPU IPC path.
@@ -21,6 +24,9 @@ import os
 import torch
 
 _trainer_pid = None
+
+if not torch.cuda.is_available():
+    torch.cuda.synchronize = lambda device=None: None
 
 
 class FakeCudaTensor(torch.Tensor):

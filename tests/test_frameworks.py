@@ -1,0 +1,101 @@
+"""Megatron-LM's and Megatron-Bridge's ``maybe_finalize_async_save(terminate=True)``, called
+through the names other modules bound with ``from X import maybe_finalize_async_save``.
+
+Megatron: the real megatron-core 0.17.1 code (tox env ``py311-megatron-nvrx060-wrapt2``;
+importing ``megatron.training.async_utils`` also runs ``training.py``, which binds the name).
+Bridge: faithful copies under ``tests/faithful`` (why: tests/faithful/README.md).
+"""
+
+import os
+from importlib import metadata
+
+import pytest
+
+from conftest import expect, needs_cache, run_python, scenario
+
+pytestmark = needs_cache
+
+FAITHFUL = os.path.join(os.path.dirname(__file__), "faithful")
+try:
+    MEGATRON_CORE = metadata.version("megatron-core")
+except metadata.PackageNotFoundError:
+    MEGATRON_CORE = None
+needs_megatron = pytest.mark.skipif(
+    MEGATRON_CORE is None, reason="megatron-core is installed only in the megatron tox env "
+    "(its cp312 wheel's pure-Python code runs on 3.11; see tox.ini)")
+
+# The scenario's "close" step, replaced by the framework's terminate path.
+VIA_MEGATRON = """
+    import argparse
+    import megatron.training.async_utils as _au
+    import megatron.training.training as _training  # `from .async_utils import maybe_finalize_async_save`
+    from megatron.training.global_vars import set_args
+    from nvrx_ipc_fix import scenario as _s
+    set_args(argparse.Namespace(async_save=True))
+    def _close(self):
+        _au._async_calls_queue = self.queue
+        _training.maybe_finalize_async_save(True, terminate=True)  # blocking passed positionally
+    _s.Trainer.close = _close
+"""
+VIA_BRIDGE = f"""
+    import sys, types
+    sys.path.insert(0, {FAITHFUL!r})
+    from megatron.bridge.models.megatron_mimo.conversion import mimo_model_io as _io
+    from nvrx_ipc_fix import scenario as _s
+    def _close(self):
+        _io.maybe_finalize_async_save(types.SimpleNamespace(async_calls_queue=self.queue),
+                                      ckpt_cfg=types.SimpleNamespace(async_save=True),
+                                      blocking=True, terminate=True)
+    _s.Trainer.close = _close
+"""
+FRAMEWORKS = [pytest.param(VIA_MEGATRON, id="megatron", marks=needs_megatron),
+              pytest.param(VIA_BRIDGE, id="bridge")]
+STEPS = ["save", "save", "close", "save", "replace", "save"]
+
+
+@pytest.mark.parametrize("prelude", FRAMEWORKS)
+def test_terminate_then_save_hangs_without_the_package(prelude):
+    report = scenario(STEPS, prelude=prelude, fix=False, timeout=15)
+    assert expect("hang")
+    assert report["hang"]["step"] == 3 and report["cache_miss"], report
+
+
+@pytest.mark.parametrize("prelude", FRAMEWORKS)
+def test_terminate_then_save_works_with_the_package(prelude):
+    report = scenario(STEPS, prelude=prelude, timeout=15)
+    assert report["hang"] is None, report["stderr"]
+    assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
+
+
+ALIASES = """
+    import inspect, json, sys
+    sys.path.insert(0, {faithful!r})
+    import nvrx_ipc_fix
+    {late}
+    import {module} as defining
+    import {importer} as importer
+    original = inspect.signature(defining.maybe_finalize_async_save)
+    def wrapped():
+        f = importer.maybe_finalize_async_save
+        return hasattr(f, "__wrapped__") and f is defining.maybe_finalize_async_save
+    seen = [wrapped()]
+    nvrx_ipc_fix.activate()
+    seen.append(wrapped())
+    same_signature = inspect.signature(importer.maybe_finalize_async_save) == original
+    nvrx_ipc_fix.deactivate()
+    seen.append(wrapped())
+    print(json.dumps({{"seen": seen, "same_signature": same_signature}}))
+"""
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["activated-first", "activated-late"])
+@pytest.mark.parametrize("module,importer", [
+    pytest.param("megatron.training.async_utils", "megatron.training.training",
+                 marks=needs_megatron, id="megatron"),
+    pytest.param("megatron.bridge.training.checkpointing",
+                 "megatron.bridge.models.megatron_mimo.conversion.mimo_model_io", id="bridge"),
+])
+def test_names_bound_by_from_import_see_the_wrapper(module, importer, late):
+    result = run_python(ALIASES.format(faithful=FAITHFUL, module=module, importer=importer,
+                                       late="nvrx_ipc_fix.deactivate()" if late else ""))
+    assert result == {"seen": [not late, True, False], "same_signature": True}
