@@ -67,11 +67,13 @@ def run_python(code, *, fix=True, env=None, timeout=120):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def scenario(steps, *, fix=True, timeout=20, prelude="", tensors=8):
+def scenario(steps, *, fix=True, timeout=60, prelude="", tensors=8, env=None):
     """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.scenario).
 
-    ``prelude`` runs first in the child (to alter NVRx for a test). Returns the report,
-    with ``cache_miss`` (the worker printed "Worker cache miss") added.
+    ``prelude`` runs first in the child (to alter NVRx for a test). The scenario's watchdog
+    reports a hang as soon as the worker died, or after ``timeout`` s in one save; this
+    process's backstop kills everything later. Returns the report, with ``cache_miss``
+    (the worker printed "Worker cache miss") added.
     """
     code = f"""
         import json, tempfile
@@ -81,8 +83,8 @@ def scenario(steps, *, fix=True, timeout=20, prelude="", tensors=8):
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
                                           n_tensors={tensors}, numel=512)))
     """
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix,
-                               timeout=timeout * len(steps) + 120)
+    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix, env=env,
+                               timeout=timeout * 2 + 30 * len(steps))
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     report = json.loads(out.strip().splitlines()[-1])
     report["cache_miss"] = "Worker cache miss" in err

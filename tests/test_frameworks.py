@@ -55,14 +55,14 @@ STEPS = ["save", "save", "close", "save", "replace", "save"]
 
 @pytest.mark.parametrize("prelude", FRAMEWORKS)
 def test_terminate_then_save_hangs_without_the_package(prelude):
-    report = scenario(STEPS, prelude=prelude, fix=False, timeout=15)
+    report = scenario(STEPS, prelude=prelude, fix=False)
     assert expect("hang")
     assert report["hang"]["step"] == 3 and report["cache_miss"], report
 
 
 @pytest.mark.parametrize("prelude", FRAMEWORKS)
 def test_terminate_then_save_works_with_the_package(prelude):
-    report = scenario(STEPS, prelude=prelude, timeout=15)
+    report = scenario(STEPS, prelude=prelude)
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
 

@@ -11,14 +11,19 @@ __version__ = "0.1.0"
 from ._lifecycle import activate, deactivate, status  # noqa: E402
 from ._lifecycle import enable as _enable  # noqa: E402
 
-__all__ = ["activate", "deactivate", "status", "State", "Status", "FixStatus", "TargetStatus"]
+__all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
+           "State", "Status", "FixStatus", "TargetStatus"]
+
+_LAZY = {"State": "_status", "Status": "_status", "FixStatus": "_status",
+         "TargetStatus": "_status", "release": "_release", "offloading": "_release",
+         "ReleaseReport": "_release"}
 
 
-def __getattr__(name):  # the status types import dataclasses and enum: load them on demand
-    if name in ("State", "Status", "FixStatus", "TargetStatus"):
-        from . import _status
+def __getattr__(name):  # these import dataclasses, enum, logging: load them on demand
+    if name in _LAZY:
+        import importlib
 
-        return getattr(_status, name)
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

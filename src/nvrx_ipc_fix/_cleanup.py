@@ -41,6 +41,7 @@ class Totals:
     cleanups: int = 0
     keys_cleared: int = 0
     freed_bytes: int = 0
+    releases: int = 0
 
 
 totals = Totals()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import sys
 
+from ._auto_release import after_finalize
 from ._cleanup import cached_key_count, clear_trainer_caches, device_free_bytes
 from ._detect import CORE
 from ._log import hook_failed
@@ -37,25 +38,28 @@ def close_wrapper(wrapped, instance, args, kwargs):
 _signatures: dict = {}
 
 
-def _terminate_requested(wrapped, args, kwargs) -> bool:
+def _blocking_and_terminate(wrapped, args, kwargs):
     sig = _signatures.get(wrapped)
     if sig is None:
         sig = _signatures[wrapped] = inspect.signature(wrapped)
     bound = sig.bind(*args, **kwargs)
     bound.apply_defaults()
-    return bool(bound.arguments.get("terminate"))
+    return bool(bound.arguments.get("blocking")), bool(bound.arguments.get("terminate"))
 
 
 def finalize_wrapper(wrapped, instance, args, kwargs):
     """Around Megatron's and Bridge's ``maybe_finalize_async_save``.
 
     After ``terminate=True`` the queue is closed but kept; clear what is still cached
-    (normally the root wrapper already did, and this finds nothing to do).
+    (normally the root wrapper already did, and this finds nothing to do). After a
+    blocking finalize, ``NVRX_IPC_FIX_RELEASE=finalize`` releases the worker's mappings.
     """
     result = wrapped(*args, **kwargs)
     try:
-        if _terminate_requested(wrapped, args, kwargs) and cached_key_count():
+        blocking, terminate = _blocking_and_terminate(wrapped, args, kwargs)
+        if terminate and cached_key_count():
             clear_trainer_caches("maybe_finalize_async_save(terminate=True)")
+        after_finalize(blocking, terminate)
     except Exception as exc:
         hook_failed(f"{wrapped.__module__}:maybe_finalize_async_save", exc)
     return result

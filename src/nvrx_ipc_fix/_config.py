@@ -14,6 +14,15 @@ DISABLE = "NVRX_IPC_FIX_DISABLE"
 #: ``nvrx_ipc_fix`` logger at that level. Default: no handler (a ``NullHandler`` only).
 LOG_LEVEL = "NVRX_IPC_FIX_LOG_LEVEL"
 
+#: ``flush`` (default: keep the worker) or ``terminate``: what ``release()`` does by default.
+STRATEGY = "NVRX_IPC_FIX_STRATEGY"
+#: Seconds ``release()`` waits for the worker before terminating it. Default 60.
+RELEASE_TIMEOUT = "NVRX_IPC_FIX_RELEASE_TIMEOUT"
+#: When to release automatically: ``offload`` (default: before the frameworks move model or
+#: optimizer storage), ``finalize`` (also after every blocking ``maybe_finalize_async_save``),
+#: ``never``.
+RELEASE = "NVRX_IPC_FIX_RELEASE"
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 _LEVELS = ("debug", "info", "warning", "error")
@@ -63,3 +72,36 @@ def configure_logging():
             "nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s"))
         logger.addHandler(_handler)
     logger.setLevel(raw.upper())
+
+
+def _choice(name, allowed, default):
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in allowed:
+        _invalid(name, raw, f"is not one of {', '.join(allowed)}; using {default}")
+        return default
+    return raw
+
+
+def strategy():
+    """The default ``release()`` strategy."""
+    return _choice(STRATEGY, ("flush", "terminate"), "flush")
+
+
+def release_policy():
+    """When the package releases on its own: ``offload``, ``finalize`` or ``never``."""
+    return _choice(RELEASE, ("offload", "finalize", "never"), "offload")
+
+
+def release_timeout():
+    """Seconds to wait for the worker during ``release()``."""
+    raw = os.environ.get(RELEASE_TIMEOUT, "").strip()
+    try:
+        value = float(raw) if raw else 60.0
+        if value <= 0:
+            raise ValueError
+        return value
+    except ValueError:
+        _invalid(RELEASE_TIMEOUT, raw, "is not a positive number of seconds; using 60")
+        return 60.0

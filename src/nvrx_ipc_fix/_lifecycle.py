@@ -201,6 +201,7 @@ def status():
             cleanups=_cleanup.totals.cleanups,
             keys_cleared=_cleanup.totals.keys_cleared,
             freed_bytes=_cleanup.totals.freed_bytes,
+            releases=_cleanup.totals.releases,
         )
 
 

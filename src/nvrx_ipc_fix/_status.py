@@ -58,6 +58,7 @@ class Status:
     cleanups: int
     keys_cleared: int
     freed_bytes: int
+    releases: int
 
     def fix(self, name: str) -> FixStatus:
         """The status of fix ``name``."""
@@ -85,5 +86,5 @@ class Status:
         lines += ["", "NVRx features:"]
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
         lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
-                      f"{self.freed_bytes / (1 << 30):.2f} GiB freed)"]
+                      f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: {self.releases}"]
         return "\n".join(lines)

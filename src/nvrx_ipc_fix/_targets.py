@@ -15,6 +15,8 @@ FIXES = {
     "clear_on_close": "clear the trainer-side cache when the checkpoint worker is closed "
                       "(no 'Worker cache miss' hang on the next save)",
     "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
+    "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL moves model "
+                          "or optimizer storage (NVRX_IPC_FIX_RELEASE)",
 }
 
 
@@ -32,6 +34,15 @@ def nvrx_worker_cache(_module):
     if release_has_cache(version) is False:
         return "not_applicable", f"NVRx {version} has no IPC tensor cache (added in 0.6.0)"
     return "active", f"NVRx {version} may cache IPC handles in its worker"
+
+
+def release_policy(module):
+    """NeMo RL targets: the release policy allows it and NVRx may cache."""
+    from ._config import RELEASE, release_policy
+
+    if release_policy() == "never":
+        return "disabled", f"{RELEASE}=never"
+    return nvrx_worker_cache(module)
 
 
 def worker_cache(core):
@@ -83,6 +94,8 @@ class Target:
 
 MEGATRON = "megatron.training.async_utils"
 BRIDGE = "megatron.bridge.training.checkpointing"
+NEMO_POLICY = "nemo_rl.models.policy.workers.megatron_policy_worker"
+NEMO_VALUE = "nemo_rl.models.value.workers.megatron_value_worker"
 
 TARGETS = (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
@@ -96,4 +109,15 @@ TARGETS = (
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "_stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
+) + tuple(
+    Target("release_on_offload", module, attr, "_auto_release:offload_wrapper", ("self",),
+           release_policy)
+    for module, attr in (
+        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit"),
+        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_after_refit"),
+        (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_lp_inference"),  # NeMo RL #4183
+        (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_inference"),
+        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_inference"),
+        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_training"),
+    )
 )

@@ -11,12 +11,14 @@ This is the only fake in the tests and the demo, and it fakes only the device:
   ``torch.cuda.current_device()``; ``install()`` points that at the CPU in the trainer,
   where a gloo process group all-reduces them.
 * Loading a checkpoint the worker wrote needs ``FakeCudaTensor`` among torch's safe globals.
-* NVRx 0.4.1 and 0.5.0 call ``torch.cuda.synchronize()`` in the worker after every copy;
-  without CUDA there is nothing to wait for, so importing this module (the worker does, to
-  unpickle the tensors) makes it a no-op when CUDA is not available.
+* NVRx 0.4.1 and 0.5.0 call ``torch.cuda.synchronize()`` in the worker after every copy,
+  and NeMo RL's cleanup calls ``torch.cuda.ipc_collect()``; without CUDA there is nothing
+  to wait for or collect, so importing this module (the worker does, to unpickle the
+  tensors) makes both no-ops when CUDA is not available.
 
 The worker must use ``AsyncCallsQueue(cpu_shm_mode=True)`` where that exists, so that it
-does not initialise CUDA; the writer still takes the GPU IPC path.
+does not initialise CUDA; the writer still takes the GPU IPC path, and ``mark_queue``
+tells ``release()`` so (it leaves real CPU-shm queues alone).
 """
 
 import os
@@ -27,6 +29,7 @@ _trainer_pid = None
 
 if not torch.cuda.is_available():
     torch.cuda.synchronize = lambda device=None: None
+    torch.cuda.ipc_collect = lambda: None
 
 
 class FakeCudaTensor(torch.Tensor):
@@ -51,3 +54,10 @@ def install():
 def on_fake_device(tensor):
     """``tensor`` (a CPU tensor) as a ``FakeCudaTensor`` sharing its storage."""
     return tensor.as_subclass(FakeCudaTensor)
+
+
+def mark_queue(queue):
+    """Tag ``queue``: its CPU-shm flag only keeps CUDA out of the worker (see module doc)."""
+    from ._release import STAND_IN
+
+    setattr(queue, STAND_IN, True)

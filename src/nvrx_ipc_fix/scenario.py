@@ -4,10 +4,13 @@
 one trainer rank with ``AsyncCallsQueue(persistent=True)`` and
 ``FileSystemWriterAsync(use_cached_data_structure=True)``; it prints one JSON object.
 Steps: ``save`` (write new values into every tensor in place, save, finalize, load the
-checkpoint back and count tensors whose values are not the ones saved), ``replace`` (give
+checkpoint back and count tensors whose values are not the ones saved), ``save-async``
+(the same, left pending until a later step finalizes it), ``replace`` (give
 every tensor new storage, as ``model.to("cpu")`` and back does), ``close`` (close the
 queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
-``deactivate`` (the package's own calls, to test late activation).
+``deactivate`` (the package's own calls, to test late activation), ``flush`` and
+``terminate`` (``nvrx_ipc_fix.release`` with that strategy), ``probe`` (ask the worker
+what it holds: its pid, cached keys and mapped shared-memory segments).
 
 A watchdog turns a save into a reported hang when it has not finished within
 ``--timeout`` seconds, or as soon as the worker it waits for has died (NVRx would wait
@@ -17,6 +20,7 @@ and ``python -m nvrx_ipc_fix demo`` run it in a subprocess, with and without the
 """
 
 import argparse
+import dataclasses
 import inspect
 import json
 import multiprocessing
@@ -41,7 +45,7 @@ def _kwargs_accepted(fn, **wanted):
 class Trainer:
     """One rank: a state dict of ``n_tensors`` tensors and an NVRx queue."""
 
-    def __init__(self, directory, n_tensors=8, numel=4096, cached=True):
+    def __init__(self, directory, n_tensors=8, numel=4096, cached=True, rank=0, world_size=1):
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
 
         self.cuda = torch.cuda.is_available()
@@ -52,12 +56,17 @@ class Trainer:
         self.directory = directory
         self.cached = cached
         self.numel = numel
-        self.names = [f"layer{i}.weight" for i in range(n_tensors)]
+        self.names = [f"rank{rank}.layer{i}.weight" for i in range(n_tensors)]
+        self.pending = []  # (path, version) of saves scheduled but not finalized
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if self.cuda else "gloo", rank=0, world_size=1,
-                                    init_method=f"file://{directory}/pg")
+            if self.cuda:
+                torch.cuda.set_device(rank % torch.cuda.device_count())
+            dist.init_process_group("nccl" if self.cuda else "gloo", rank=rank,
+                                    world_size=world_size, init_method=f"file://{directory}/pg")
         self.queue = core.AsyncCallsQueue(**_kwargs_accepted(
             core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
+        if not self.cuda:
+            fakecuda.mark_queue(self.queue)
         self.state = {}
         self.replace()
         self.version = 0
@@ -73,11 +82,13 @@ class Trainer:
         """New storage for every tensor (what an offload to CPU and back does)."""
         self.state = {name: self._new_tensor() for name in self.names}
 
-    def _expected(self, i):
-        return float(self.version * 1000 + i)
+    def _expected(self, i, version):
+        return float(version * 1000 + i)
 
-    def save(self):
-        """Save new values; return (seconds blocked, seconds in total, path)."""
+    def save(self, wait=True):
+        """Save new values; return (seconds blocked, seconds in total or None, path, version).
+
+        ``wait=False`` leaves the save pending (finalized by a later step)."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
         from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
             FileSystemWriterAsync,
@@ -91,7 +102,7 @@ class Trainer:
         self.version += 1
         with torch.no_grad():
             for i, name in enumerate(self.names):
-                self.state[name].fill_(self._expected(i))
+                self.state[name].fill_(self._expected(i, self.version))
         path = os.path.join(self.directory, f"ckpt{self.version}")
         start = time.perf_counter()
         writer = FileSystemWriterAsync(path, **_kwargs_accepted(
@@ -103,51 +114,83 @@ class Trainer:
         self.queue.schedule_async_request(
             AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn))
         blocked = time.perf_counter() - start
+        if not wait:
+            self.pending.append((path, self.version))
+            return blocked, None, path, self.version
         self.queue.maybe_finalize_async_calls(blocking=True)
-        return blocked, time.perf_counter() - start, path
+        return blocked, time.perf_counter() - start, path, self.version
 
-    def stale_tensors(self, path):
-        """How many tensors in the checkpoint at ``path`` differ from what was saved."""
+    def stale_tensors(self, path, version):
+        """How many of this rank's tensors in the checkpoint at ``path`` are not ``version``'s."""
         from torch.distributed.checkpoint import FileSystemReader, load
 
         loaded = {name: torch.empty(self.numel) for name in self.names}
-        load(loaded, storage_reader=FileSystemReader(path))
-        return sum(not torch.all(loaded[name] == self._expected(i)).item()
+        load(loaded, storage_reader=FileSystemReader(path), process_group=None, no_dist=True)
+        return sum(not torch.all(loaded[name] == self._expected(i, version)).item()
                    for i, name in enumerate(self.names))
 
     def close(self):
         self.queue.close()
 
+    def probe(self):
+        """What the worker holds now (see ``_worker.describe_cache``)."""
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
 
-def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True):
+        from ._release import run_in_worker
+        from ._worker import describe_cache
+
+        path = os.path.join(self.directory, "probe.json")
+        _, error = run_in_worker(core, self.queue, describe_cache, (path,), 30)
+        if error:
+            raise RuntimeError(error)
+        with open(path) as found:
+            return json.load(found)
+
+
+#: Steps callers add (name -> function of the Trainer), e.g. a framework's offload method.
+EXTRA_STEPS = {}
+
+
+def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
+        world_size=1):
     """Run ``steps``; return the report (a JSON-ready dict)."""
     report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
               "nvrx": nvrx_ipc_fix.status().nvrx_version, "fix": _fix_states(),
-              "steps": list(steps), "saves": [], "hang": None}
-    trainer = Trainer(directory, n_tensors, numel, cached)
+              "steps": list(steps), "rank": rank, "saves": [], "hang": None}
+    trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size)
     for index, step in enumerate(steps):
-        if step == "save":
+        if step in ("save", "save-async"):
             done = threading.Event()
             watchdog = threading.Thread(target=_watch, args=(trainer, done, report, index,
                                                               timeout), daemon=True)
             watchdog.start()
-            blocked, total, path = trainer.save()
+            blocked, total, path, version = trainer.save(wait=step == "save")
             done.set()
             report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
-                                    "total_s": round(total, 4),
-                                    "stale": trainer.stale_tensors(path),
-                                    "tensors": n_tensors})
+                                    "total_s": total and round(total, 4), "path": path,
+                                    "version": version, "stale": None, "tensors": n_tensors})
         elif step == "replace":
             trainer.replace()
         elif step == "close":
             trainer.close()
         elif step in ("activate", "deactivate"):
             getattr(nvrx_ipc_fix, step)()
+        elif step in ("flush", "terminate"):
+            released = nvrx_ipc_fix.release(trainer.queue, strategy=step)
+            report.setdefault("releases", []).append(dataclasses.asdict(released))
+        elif step == "probe":
+            report.setdefault("probes", []).append(trainer.probe())
+        elif step in EXTRA_STEPS:
+            EXTRA_STEPS[step](trainer)
         else:
-            raise ValueError(f"unknown step {step!r} (save, replace, close, activate, "
-                             "deactivate)")
+            raise ValueError(f"unknown step {step!r}")
+        if not trainer.queue.get_num_unfinalized_calls():  # verify what is finalized
+            for save in report["saves"]:
+                if save["stale"] is None:
+                    save["stale"] = trainer.stale_tensors(save["path"], save["version"])
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
+    report["releases_total"] = nvrx_ipc_fix.status().releases
     trainer.close()
     return report
 
@@ -183,12 +226,15 @@ def main(argv=None):
                         "counts as hung")
     parser.add_argument("--tensors", type=int, default=8)
     parser.add_argument("--numel", type=int, default=4096)
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--dir", default=None, help="shared directory (several ranks)")
     parser.add_argument("--no-cache", action="store_true",
                         help="use_cached_data_structure=False (the reference)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-") as directory:
-        report = run(args.steps.split(","), directory, args.timeout, args.tensors, args.numel,
-                     not args.no_cache)
+    with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-") as scratch:
+        report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
+                     args.numel, not args.no_cache, args.rank, args.world_size)
     print(json.dumps(report), flush=True)
     return 0
 

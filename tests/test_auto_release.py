@@ -1,0 +1,115 @@
+"""Automatic release, no code change: NeMo RL's offload points (faithful copies of its
+workers, tests/faithful/README.md) release the worker's IPC mappings before storage moves;
+``NVRX_IPC_FIX_RELEASE`` picks the policy; builds with NeMo RL PR #3322 are not released
+twice."""
+
+import os
+
+import pytest
+
+from conftest import needs_cache, run_python, scenario
+
+pytestmark = needs_cache
+
+FAITHFUL = os.path.join(os.path.dirname(__file__), "faithful")
+
+# Steps that call the copied NeMo RL methods on a worker around the scenario's tensors.
+NEMO = f"""
+    import sys, types
+    sys.path.insert(0, {FAITHFUL!r})
+    from megatron.bridge.training import checkpointing as _bridge
+    from nemo_rl.models.policy.workers import megatron_policy_worker as _policy
+    from nemo_rl.models.value.workers import megatron_value_worker as _value
+    from nvrx_ipc_fix import scenario as _s
+
+    def _worker(cls, trainer, colocated):
+        w = cls.__new__(cls)
+        ckpt = types.SimpleNamespace(async_save=True, use_persistent_ckpt_worker=True,
+                                     ckpt_assume_constant_structure=True,
+                                     async_ckpt_use_cpu_shm=False)
+        w.mcore_state = types.SimpleNamespace(cfg=types.SimpleNamespace(checkpoint=ckpt),
+                                              async_calls_queue=trainer.queue)
+        w.cfg = {{"generation": {{"colocated": {{"enabled": colocated}}}}}}
+        w.model = types.SimpleNamespace(eval=lambda: None)
+        def move_model(model, device, **kwargs):
+            if device == "cpu":
+                trainer.replace()
+            return model
+        w.move_model = move_model
+        w.move_optimizer = lambda device: trainer.replace()
+        w.optimizer, w.optimizer_cpu_offload = object(), False
+        w.offload_optimizer_for_refit = w.offload_optimizer_for_logprob = True
+        w._async_checkpoint_cuda_cache_active = True  # what NeMo RL's save_checkpoint sets
+        return w
+
+    def _call(cls, method, colocated=False):
+        return lambda trainer: getattr(_worker(cls, trainer, colocated), method)()
+
+    def _bridge_finalize(trainer):
+        _bridge.maybe_finalize_async_save(
+            types.SimpleNamespace(async_calls_queue=trainer.queue),
+            types.SimpleNamespace(async_save=True), blocking=True)
+
+    _s.EXTRA_STEPS.update({{
+        "offload_before_refit": _call(_policy.MegatronPolicyWorkerImpl, "offload_before_refit"),
+        "offload_after_refit+colocated": _call(_policy.MegatronPolicyWorkerImpl,
+                                               "offload_after_refit", colocated=True),
+        "prepare_for_lp_inference": _call(_policy.MegatronPolicyWorkerImpl,
+                                          "prepare_for_lp_inference"),
+        "finish_training": _call(_value.MegatronValueWorkerImpl, "finish_training"),
+        "bridge_finalize": _bridge_finalize,
+    }})
+"""
+OFFLOADS = ["save", "save", "offload_before_refit", "probe", "save",
+            "prepare_for_lp_inference", "probe", "save", "finish_training", "probe", "save"]
+
+
+def keys_per_probe(report):
+    return [len(p["keys"]) for p in report["probes"]]
+
+
+def test_without_the_package_offload_leaves_the_old_storage_mapped():
+    report = scenario(OFFLOADS[:4], prelude=NEMO, fix=False)
+    assert keys_per_probe(report) == [1]
+
+
+def test_each_offload_point_releases_first_and_keeps_the_worker():
+    report = scenario(OFFLOADS, prelude=NEMO)
+    assert keys_per_probe(report) == [0, 0, 0]
+    assert len({p["pid"] for p in report["probes"]}) == 1
+    assert report["releases_total"] == 3
+    assert report["hang"] is None and [s["stale"] for s in report["saves"]] == [0] * 5
+
+
+def test_a_build_with_nemo_rl_pr_3322_is_not_released_twice():
+    report = scenario(["save", "save", "offload_after_refit+colocated", "save", "save"],
+                      prelude=NEMO)
+    assert report["releases_total"] == 0  # NeMo RL terminated the worker itself
+    assert report["cleanups"] >= 1
+    assert report["hang"] is None and [s["stale"] for s in report["saves"]] == [0] * 4
+
+
+def test_policy_never_leaves_offloads_alone():
+    report = scenario(OFFLOADS[:4], prelude=NEMO, env={"NVRX_IPC_FIX_RELEASE": "never"})
+    assert keys_per_probe(report) == [1] and report["releases_total"] == 0
+
+
+def test_policy_finalize_releases_after_a_blocking_finalize():
+    report = scenario(["save", "save", "bridge_finalize", "probe", "replace", "save"],
+                      prelude=NEMO, env={"NVRX_IPC_FIX_RELEASE": "finalize"})
+    assert keys_per_probe(report) == [0] and report["releases_total"] == 1
+    assert [s["stale"] for s in report["saves"]] == [0] * 3
+
+
+def test_status_shows_the_policy():
+    code = f"""
+        import json, sys
+        sys.path.insert(0, {FAITHFUL!r})
+        import nvrx_ipc_fix
+        import nemo_rl.models.policy.workers.megatron_policy_worker
+        fix = nvrx_ipc_fix.status().fix("release_on_offload")
+        print(json.dumps([str(fix.state), fix.reason]))
+    """
+    assert run_python(code)[0] == "active"
+    assert run_python(code, env={"NVRX_IPC_FIX_RELEASE": "never"}) == [
+        "disabled", "NVRX_IPC_FIX_RELEASE=never"]
