@@ -67,7 +67,7 @@ def run_python(code, *, fix=True, env=None, timeout=120):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def scenario(steps, *, fix=True, timeout=60, prelude="", tensors=8, env=None):
+def scenario(steps, *, fix=True, timeout=60, prelude="", tensors=8, numel=512, env=None):
     """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test). The scenario's watchdog
@@ -81,7 +81,7 @@ def scenario(steps, *, fix=True, timeout=60, prelude="", tensors=8, env=None):
         from nvrx_ipc_fix import scenario
         with tempfile.TemporaryDirectory() as d:
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
-                                          n_tensors={tensors}, numel=512)))
+                                          n_tensors={tensors}, numel={numel})))
     """
     rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix, env=env,
                                timeout=timeout * 2 + 30 * len(steps))

@@ -1,4 +1,4 @@
-"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]`` and ``python -m nvrx_ipc_fix demo``."""
+"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``demo`` and ``selftest``."""
 
 from __future__ import annotations
 
@@ -20,12 +20,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--no-import", action="store_true",
                        help="do not import NVRx first (targets stay 'pending')")
     sub.add_parser("demo", help="run the NVRx worker through the failures, "
-                                       "without and with the fix")
+                                "without and with the fix")
+    sub.add_parser("selftest", help="check the fix on this node (GPU memory, next-save time, "
+                                    "correctness), without and with the package")
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import run
+    if args.command in ("demo", "selftest"):
+        import importlib
 
-        return run()
+        return importlib.import_module(f".{args.command}", __package__).run()
     return _show(args.json, args.no_import)
 
 

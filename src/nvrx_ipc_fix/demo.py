@@ -3,10 +3,7 @@ with the fix. Each run is a fresh interpreter (``nvrx_ipc_fix.scenario``); "with
 ``NVRX_IPC_FIX_DISABLE=1``. Uses CUDA when present, else the ``fakecuda`` CPU stand-in.
 """
 
-import json
-import os
-import subprocess
-import sys
+from .scenario_runner import in_subprocess
 
 CASES = (
     ("storage replaced between saves (model.to('cpu') and back, optimizer offload)",
@@ -14,20 +11,6 @@ CASES = (
     ("worker closed, then another save (maybe_finalize_async_save(terminate=True))",
      "save,save,close,save"),
 )
-
-
-def _scenario(steps, fix, timeout):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
-    if not fix:
-        env["NVRX_IPC_FIX_DISABLE"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps,
-                           "--timeout", str(timeout)], env=env, capture_output=True,
-                          text=True, timeout=timeout * 4 + 120, start_new_session=True)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise RuntimeError(f"scenario failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    report["cache_miss"] = "Worker cache miss" in proc.stderr
-    return report
 
 
 def _describe(report):
@@ -63,7 +46,7 @@ def run(timeout=30):
     for number, (title, steps) in enumerate(CASES, 1):
         print(f"[{number}/{len(CASES)}] {title}")
         for fix in (False, True):
-            report = _scenario(steps, fix, timeout)
+            report = in_subprocess(steps, fix, timeout)
             ok, text = _describe(report)
             label = "with nvrx-ipc-fix:   " if fix else "without nvrx-ipc-fix:"
             print(f"  {label} {text}")

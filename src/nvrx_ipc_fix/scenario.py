@@ -6,7 +6,8 @@ one trainer rank with ``AsyncCallsQueue(persistent=True)`` and
 Steps: ``save`` (write new values into every tensor in place, save, finalize, load the
 checkpoint back and count tensors whose values are not the ones saved), ``save-async``
 (the same, left pending until a later step finalizes it), ``replace`` (give
-every tensor new storage, as ``model.to("cpu")`` and back does), ``close`` (close the
+every tensor new storage, as ``model.to("cpu")`` and back does), ``offload`` and
+``onload`` (those two halves), ``measure`` (device memory used, allocated, reserved), ``close`` (close the
 queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 ``deactivate`` (the package's own calls, to test late activation), ``flush`` and
 ``terminate`` (``nvrx_ipc_fix.release`` with that strategy), ``probe`` (ask the worker
@@ -21,10 +22,12 @@ and ``python -m nvrx_ipc_fix demo`` run it in a subprocess, with and without the
 
 import argparse
 import dataclasses
+import gc
 import inspect
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -81,6 +84,32 @@ class Trainer:
     def replace(self):
         """New storage for every tensor (what an offload to CPU and back does)."""
         self.state = {name: self._new_tensor() for name in self.names}
+
+    def offload(self):
+        """Move every tensor to host memory and return freed device blocks (``model.to("cpu")``)."""
+        self.state = {name: t.as_subclass(torch.Tensor).to("cpu", copy=True)
+                      for name, t in self.state.items()}
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def onload(self):
+        """Back to the device, in new storage."""
+        if self.cuda:
+            self.state = {name: t.to("cuda") for name, t in self.state.items()}
+        else:
+            from .fakecuda import on_fake_device
+
+            self.state = {name: on_fake_device(t.clone()) for name, t in self.state.items()}
+
+    def measure(self):
+        """Device memory now: used on the whole device, allocated and reserved by this process."""
+        if not self.cuda:
+            return {"device_used": None, "allocated": None, "reserved": None}
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        return {"device_used": total - free, "allocated": torch.cuda.memory_allocated(),
+                "reserved": torch.cuda.memory_reserved()}
 
     def _expected(self, i, version):
         return float(version * 1000 + i)
@@ -169,8 +198,10 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
                                     "total_s": total and round(total, 4), "path": path,
                                     "version": version, "stale": None, "tensors": n_tensors})
-        elif step == "replace":
-            trainer.replace()
+        elif step in ("replace", "offload", "onload"):
+            getattr(trainer, step)()
+        elif step == "measure":
+            report.setdefault("measures", []).append(trainer.measure())
         elif step == "close":
             trainer.close()
         elif step in ("activate", "deactivate"):
@@ -188,6 +219,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             for save in report["saves"]:
                 if save["stale"] is None:
                     save["stale"] = trainer.stale_tensors(save["path"], save["version"])
+                    shutil.rmtree(save["path"], ignore_errors=True)  # checked; free the disk
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     report["releases_total"] = nvrx_ipc_fix.status().releases
