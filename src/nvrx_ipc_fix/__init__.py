@@ -1,9 +1,10 @@
 """nvrx-ipc-fix: stop NVRx async checkpointing from holding GPU memory, writing stale
 checkpoints and hanging.
 
-``import nvrx_ipc_fix`` activates it (unless ``NVRX_IPC_FIX_DISABLE=1``). Activation only
-registers post-import hooks: NVRx and Megatron are patched when they are imported, and
-this import imports neither them nor torch.
+Installed from the wheel, it activates at interpreter start-up (``nvrx_ipc_fix.pth``);
+``import nvrx_ipc_fix`` activates it too (unless ``NVRX_IPC_FIX_DISABLE=1``). Activation
+only registers post-import hooks: NVRx and Megatron are patched when they are imported,
+and activation imports neither them nor torch.
 """
 
 __version__ = "0.1.0"

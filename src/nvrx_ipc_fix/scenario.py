@@ -121,8 +121,9 @@ class Trainer:
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True):
     """Run ``steps``; return the report (a JSON-ready dict)."""
+    status = nvrx_ipc_fix.status()
     report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
-              "nvrx": nvrx_ipc_fix.status().nvrx_version, "fix": _fix_states(),
+              "nvrx": status.nvrx_version, "source": status.source, "fix": _fix_states(),
               "steps": list(steps), "saves": [], "hang": None}
     trainer = Trainer(directory, n_tensors, numel, cached)
     for index, step in enumerate(steps):
