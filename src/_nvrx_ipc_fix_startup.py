@@ -1,5 +1,5 @@
 """Start-up activation of ``nvrx_ipc_fix``: what ``nvrx_ipc_fix.pth`` (``.start`` on Python
-3.15+) runs.
+3.15+) and the sitecustomize written by ``python -m nvrx_ipc_fix install-sitecustomize`` run.
 
 A top-level module, so that reading ``NVRX_IPC_FIX_AUTO`` happens before the package is
 imported: importing ``nvrx_ipc_fix`` activates it, and a process with start-up activation
@@ -14,7 +14,7 @@ import sys
 #: activation off; ``_config.auto()`` agrees (a test checks).
 OFF = ("0", "false", "no", "off")
 
-#: How start-up activation was attempted in this process (``pth``), in order.
+#: How start-up activation was attempted in this process (``pth``, ``sitecustomize``), in order.
 ran = []
 #: The exception that stopped the last attempt, as ``"Type: message"``; ``None`` if none did.
 error = None

@@ -1,9 +1,11 @@
 """Start-up activation from a real install: the wheel is built once and installed into fresh
 virtual environments (no pip, no torch), and every check runs in a new interpreter.
 
-The scripts never import ``nvrx_ipc_fix``; they read ``sys.modules["nvrx_ipc_fix"]``.
-Marked ``install``: tox runs these in the nonvrx env only, as nothing here depends on NVRx
-(tests/test_failures.py checks start-up activation against the real NVRx).
+The scripts never import ``nvrx_ipc_fix``; they read ``sys.modules["nvrx_ipc_fix"]``. Where
+``doctor`` needs an NVRx with the IPC cache, its metadata alone stands in (``nvrx_meta``):
+``doctor`` decides from the installed version. Marked ``install``: tox runs these in the
+nonvrx env only, as nothing here depends on NVRx (tests/test_failures.py and test_cli.py
+check start-up activation against the real NVRx).
 """
 
 import json
@@ -47,14 +49,16 @@ def wheel(tmp_path_factory):
     return next(out.glob("nvrx_ipc_fix-*.whl"))
 
 
-def make_venv(path, wheel=None):
-    """A venv without pip; the wheel (and the wrapt and packaging of this env) installed."""
+def make_venv(path, wheel=None, target=None):
+    """A venv without pip; the wheel (and the wrapt and packaging of this env) installed into
+    its site-packages, or into ``target`` (a directory for PYTHONPATH)."""
     check([sys.executable, "-m", "venv", "--without-pip", str(path)])
     python = str(path / "bin" / "python")
     if wheel:
         deps = [f"{d}=={metadata.version(d)}" for d in ("wrapt", "packaging")]
+        where = ["--target", str(target)] if target else []
         check([sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
-               "--disable-pip-version-check", str(wheel), *deps])
+               "--disable-pip-version-check", *where, str(wheel), *deps])
     site = run_python("import json, sysconfig; print(json.dumps(sysconfig.get_paths()['purelib']))",
                       python=python)
     return python, Path(site)
@@ -65,9 +69,27 @@ def venv(tmp_path_factory, wheel):
     return make_venv(tmp_path_factory.mktemp("venv") / "v", wheel)
 
 
+@pytest.fixture(scope="session")
+def nvrx_meta(tmp_path_factory):
+    """A directory whose only content is the metadata of nvidia-resiliency-ext 0.6.0."""
+    root = tmp_path_factory.mktemp("nvrx-meta")
+    info = root / "nvidia_resiliency_ext-0.6.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-resiliency-ext\n"
+                                   "Version: 0.6.0\n")
+    return root
+
+
 def probe(python, code="print(json.dumps(report()))", flags=(), env=None, auto=True):
     return run_python(REPORT + textwrap.indent(textwrap.dedent(code), "    "), python=python,
                       flags=flags, env=env, auto=auto)
+
+
+def doctor(python, flags=(), env=None, auto=True):
+    rc, out, err = run_process([python, *flags, "-m", "nvrx_ipc_fix", "doctor"], env=env,
+                               auto=auto)
+    assert out.rstrip().splitlines()[-1].startswith("result: "), out + err
+    return rc, out
 
 
 def test_the_wheel_puts_the_startup_files_at_its_root_and_in_record(wheel):
@@ -157,6 +179,81 @@ def test_start_file_entry_point_activates_like_the_pth(venv):
     """, flags=["-S"], env={"PYTHONPATH": str(site)})
     assert not seen["before"]["imported"]
     assert seen["after"]["activated"] and seen["after"]["source"] == "pth"
+
+
+def test_python_S_is_not_active_and_doctor_says_why(venv, nvrx_meta):
+    python, site = venv
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{nvrx_meta}"}
+    assert not probe(python, flags=["-S"], env=env)["imported"]
+    rc, out = doctor(python, flags=["-S"], env=env)
+    assert rc == 1
+    assert "FAIL  nvrx_ipc_fix.pth:" in out and "python -S" in out
+    assert "FAIL  activation: active, source import" in out
+    rc, out = doctor(python, env={"PYTHONPATH": str(nvrx_meta)})  # the same, without -S
+    assert rc == 0 and "ok    nvrx_ipc_fix.pth:" in out and "source pth" in out
+
+
+def test_doctor_fails_on_switches_only_when_nvrx_needs_the_fix(venv, nvrx_meta):
+    python, _ = venv
+    for switch in ({"NVRX_IPC_FIX_AUTO": "0"}, {"NVRX_IPC_FIX_DISABLE": "1"}):
+        name = next(iter(switch))
+        rc, out = doctor(python, env={**switch, "PYTHONPATH": str(nvrx_meta)})
+        assert rc == 1 and f"FAIL  {name}: " in out, out
+        rc, out = doctor(python, env=switch)  # no NVRx installed: nothing to fix
+        assert rc == 0 and f"warn  {name}: " in out, out
+
+
+@pytest.fixture
+def target_install(tmp_path, wheel):
+    """A bare venv, and the wheel installed with ``pip --target`` into a PYTHONPATH directory."""
+    python, _ = make_venv(tmp_path / "bare", wheel, target=tmp_path / "lib")
+    return python, tmp_path / "lib"
+
+
+def test_pythonpath_install_doctor_names_the_fallback_and_sitecustomize_activates(
+        target_install, nvrx_meta):
+    python, lib = target_install
+    env = {"PYTHONPATH": os.pathsep.join([str(lib), str(nvrx_meta)])}
+    assert not probe(python, env=env)["imported"]
+    rc, out = doctor(python, env=env)
+    assert rc == 1 and "reached through PYTHONPATH" in out
+    assert f"python -m nvrx_ipc_fix install-sitecustomize {lib}" in out
+
+    rc, out, err = run_process([python, "-m", "nvrx_ipc_fix", "install-sitecustomize", str(lib)],
+                               env=env)
+    assert rc == 0, err
+    seen = probe(python, env=env)
+    assert seen["activated"] and seen["source"] == "sitecustomize"
+    rc, out = doctor(python, env=env)
+    assert rc == 0 and "ok    sitecustomize: the fallback ran at start-up" in out, out
+
+
+def test_sitecustomize_runs_the_one_it_hides_even_after_uninstall(target_install, tmp_path):
+    python, lib = target_install
+    ours, theirs, mark = tmp_path / "ours", tmp_path / "theirs", tmp_path / "mark"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text(
+        "import os\nopen(os.environ['MARK'], 'a').write(__file__ + '\\n')\n")
+    cli = [python, "-m", "nvrx_ipc_fix", "install-sitecustomize"]
+    env = {"PYTHONPATH": str(lib), "MARK": str(mark)}
+    for directory, code in ((ours, 0), (ours, 0), (theirs, 1)):  # rewrites ours, never theirs
+        rc, _, _ = run_process([*cli, str(directory)], env=env)
+        assert rc == code
+    assert "MARK" in (theirs / "sitecustomize.py").read_text()
+
+    env["PYTHONPATH"] = os.pathsep.join([str(ours), str(lib), str(theirs)])
+    seen = probe(python, """
+        print(json.dumps(dict(report(), module=sys.modules["sitecustomize"].__file__)))
+    """, env=env)
+    assert seen["source"] == "sitecustomize"
+    assert seen["module"] == str(theirs / "sitecustomize.py")
+    assert mark.read_text().splitlines() == [str(theirs / "sitecustomize.py")]
+
+    env["PYTHONPATH"] = os.pathsep.join([str(ours), str(theirs)])  # the package is gone
+    rc, out, err = run_process([python, "-c", "import sys; print('sitecustomize' in sys.modules)"],
+                               env=env)
+    assert (rc, out.strip(), err) == (0, "True", "")
+    assert len(mark.read_text().splitlines()) == 2
 
 
 def test_spawn_and_forkserver_children_are_active(venv, tmp_path):
