@@ -12,7 +12,24 @@ __version__ = "0.1.0"
 from ._lifecycle import activate, deactivate, status  # noqa: E402
 from ._lifecycle import enable as _enable  # noqa: E402
 
-__all__ = ["activate", "deactivate", "status", "State", "Status", "FixStatus", "TargetStatus"]
+__all__ = ["activate", "deactivate", "status", "ray_worker_setup", "State", "Status",
+           "FixStatus", "TargetStatus"]
+
+
+def ray_worker_setup():
+    """Activate in a Ray worker: ``runtime_env={"worker_process_setup_hook":
+    "nvrx_ipc_fix.ray_worker_setup"}`` (source ``ray-hook``).
+
+    Ray imports this package to find the hook and runs the hook before any task or actor
+    code, so the activation that import made is recorded as the hook's. Not subject to
+    ``NVRX_IPC_FIX_AUTO``; ``NVRX_IPC_FIX_DISABLE`` applies.
+    """
+    try:
+        _enable("ray-hook", claim=True)
+    except Exception as exc:  # Ray stops a worker whose setup hook raises
+        from ._log import warn_once
+
+        warn_once("activate", "nvrx_ipc_fix: activation failed, nothing patched: %s", exc)
 
 
 def __getattr__(name):  # the status types import dataclasses and enum: load them on demand

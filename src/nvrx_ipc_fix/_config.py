@@ -11,8 +11,8 @@ import os
 #: (``clear_on_close,stale_guard``) turns off only those fixes. Default: everything on.
 DISABLE = "NVRX_IPC_FIX_DISABLE"
 #: ``0``/``false``/``no``/``off`` turns start-up activation (the ``.pth`` file, the
-#: sitecustomize fallback) off; ``import nvrx_ipc_fix`` and ``activate()`` still activate.
-#: Default: on. Read before the package is imported, by ``_nvrx_ipc_fix_startup``.
+#: sitecustomize fallback) off; ``import nvrx_ipc_fix``, ``activate()`` and the Ray hook still
+#: activate. Default: on. Read before the package is imported, by ``_nvrx_ipc_fix_startup``.
 AUTO = "NVRX_IPC_FIX_AUTO"
 #: ``debug``/``info``/``warning``/``error``: attach a stderr handler to the
 #: ``nvrx_ipc_fix`` logger at that level. Default: no handler (a ``NullHandler`` only).

@@ -17,7 +17,8 @@ from ._targets import FIXES
 PTH = "nvrx_ipc_fix.pth"
 FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "pending": "info",
               "disabled": "warn", "unsupported": "warn", "error": "warn"}
-OTHER_WAYS = "`import nvrx_ipc_fix` first in each entry point"
+OTHER_WAYS = ("`import nvrx_ipc_fix` first in each entry point; for Ray workers the "
+              "worker_process_setup_hook 'nvrx_ipc_fix.ray_worker_setup'")
 
 
 def run(out=print):

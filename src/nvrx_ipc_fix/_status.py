@@ -49,7 +49,7 @@ class Status:
     version: str
     activated: bool
     #: What activated the package: "pth" (the start-up file), "sitecustomize", "import",
-    #: "explicit" (activate()); None when never activated.
+    #: "ray-hook", "explicit" (activate()); None when never activated.
     source: str | None
     requested_by: tuple[str, ...]  # every source that asked for activation, in order
     pid: int
