@@ -80,14 +80,14 @@ def nvrx_meta(tmp_path_factory):
     return root
 
 
-def probe(python, code="print(json.dumps(report()))", flags=(), env=None, auto=True):
+def probe(python, code="print(json.dumps(report()))", flags=(), env=None):
     return run_python(REPORT + textwrap.indent(textwrap.dedent(code), "    "), python=python,
-                      flags=flags, env=env, auto=auto)
+                      flags=flags, env=env, auto=True)
 
 
-def doctor(python, flags=(), env=None, auto=True):
+def doctor(python, flags=(), env=None):
     rc, out, err = run_process([python, *flags, "-m", "nvrx_ipc_fix", "doctor"], env=env,
-                               auto=auto)
+                               auto=True)
     assert out.rstrip().splitlines()[-1].startswith("result: "), out + err
     return rc, out
 
