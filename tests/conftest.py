@@ -2,6 +2,9 @@
 
 Everything that patches NVRx runs in a subprocess (hooks, patches and ``sys.modules``
 would otherwise leak between tests). Expectations per NVRx version live in ``EXPECT``.
+The tox envs install the wheel, whose ``.pth`` activates the package at start-up; children
+run with ``NVRX_IPC_FIX_AUTO=0`` unless a test passes ``auto=True``, so that most tests see
+what ``import nvrx_ipc_fix`` does.
 """
 
 import json
@@ -9,8 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -32,24 +37,29 @@ needs_nvrx = pytest.mark.skipif(NVRX is None, reason="nvidia-resiliency-ext is n
                                 "in this tox env (the nonvrx env)")
 needs_cache = pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("cache"),
                                  reason=f"NVRx {NVRX} has no IPC cache")
+pth_installed = pytest.mark.skipif(
+    not Path(sysconfig.get_paths()["purelib"], "nvrx_ipc_fix.pth").exists(),
+    reason="nvrx-ipc-fix is not installed with its .pth in this interpreter (tox installs it)")
 
 
 def expect(key):
     return EXPECT[NVRX][key]
 
 
-def _env(fix, extra=None):
+def _env(fix, auto, extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
     if not fix:
         env["NVRX_IPC_FIX_DISABLE"] = "1"
+    if not auto:
+        env["NVRX_IPC_FIX_AUTO"] = "0"
     env.update(extra or {})
     return env
 
 
-def run_process(args, *, fix=True, env=None, timeout=120):
+def run_process(args, *, fix=True, auto=False, env=None, timeout=120):
     """Run ``args`` in a new session; kill the whole group (worker included) on timeout."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(fix, env), start_new_session=True)
+                            env=_env(fix, auto, env), start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -59,15 +69,17 @@ def run_process(args, *, fix=True, env=None, timeout=120):
     return proc.returncode, out, err
 
 
-def run_python(code, *, fix=True, env=None, timeout=120):
+def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, env=None,
+               timeout=120):
     """Run ``code`` in a fresh interpreter; return its last stdout line parsed as JSON."""
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix, env=env,
-                               timeout=timeout)
+    rc, out, err = run_process([python, *flags, "-c", textwrap.dedent(code)], fix=fix,
+                               auto=auto, env=env, timeout=timeout)
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     return json.loads(out.strip().splitlines()[-1])
 
 
-def scenario(steps, *, fix=True, timeout=60, prelude="", tensors=8, numel=512, env=None):
+def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, numel=512,
+             env=None):
     """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test). The scenario's watchdog
@@ -83,8 +95,8 @@ def scenario(steps, *, fix=True, timeout=60, prelude="", tensors=8, numel=512, e
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
                                           n_tensors={tensors}, numel={numel})))
     """
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix, env=env,
-                               timeout=timeout * 2 + 30 * len(steps))
+    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix,
+                               auto=auto, env=env, timeout=timeout * 2 + 30 * len(steps))
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     report = json.loads(out.strip().splitlines()[-1])
     report["cache_miss"] = "Worker cache miss" in err

@@ -1,9 +1,12 @@
 """``python -m nvrx_ipc_fix`` tells the truth for the NVRx of this environment, or for none."""
 
 import json
+import os
 import sys
+import sysconfig
+from importlib.util import find_spec
 
-from conftest import NVRX, EXPECT, run_process
+from conftest import NVRX, EXPECT, pth_installed, run_process
 
 
 def cli(*args):
@@ -46,3 +49,20 @@ def test_disabled_says_so():
     status = json.loads(out)
     assert not status["activated"]
     assert {f["state"] for f in status["fixes"]} == {"disabled"}
+
+
+@pth_installed
+def test_doctor_on_this_install():
+    """This env's install: started normally the fix is active; with ``-S`` it cannot be,
+    which fails only where the NVRx has the IPC cache."""
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor"], auto=True)
+    assert rc == 0, out + err
+    assert "ok    activation: active, source pth" in out
+    if NVRX and EXPECT[NVRX]["cache"]:
+        assert "ok    fix clear_on_close: active: " in out
+    package = os.path.dirname(os.path.dirname(find_spec("nvrx_ipc_fix").origin))
+    path = os.pathsep.join([package, sysconfig.get_paths()["purelib"]])  # -S: no site-packages
+    rc, out, err = run_process([sys.executable, "-S", "-m", "nvrx_ipc_fix", "doctor"], auto=True,
+                               env={"PYTHONPATH": path})
+    assert rc == (1 if NVRX and EXPECT[NVRX]["cache"] else 0), out + err
+    assert "python -S" in out

@@ -3,7 +3,7 @@ with it, on the real NVRx worker; checkpoints are compared value by value after 
 
 import pytest
 
-from conftest import NVRX, expect, needs_cache, needs_nvrx, scenario
+from conftest import NVRX, expect, needs_cache, needs_nvrx, pth_installed, scenario
 
 pytestmark = needs_nvrx
 
@@ -97,4 +97,14 @@ def test_late_activation_after_the_cache_was_primed():
     """Activated after the cache was primed: the guard has no record, so it re-sends once."""
     report = scenario(["deactivate", "save", "save", "activate", "replace", "save", "save"])
     assert report["hang"] is None
+    assert stale_counts(report) == [0, 0, 0, 0]
+
+
+@needs_cache
+@pth_installed
+def test_both_fixes_hold_when_activated_at_start_up():
+    """This env's install: the .pth activates the trainer and the spawned NVRx worker."""
+    report = scenario(["save", "save", "replace", "save", "close", "save"], auto=True, timeout=15)
+    assert report["source"] == "pth"
+    assert report["hang"] is None and not report["cache_miss"], report["stderr"]
     assert stale_counts(report) == [0, 0, 0, 0]

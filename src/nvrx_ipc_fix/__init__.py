@@ -1,9 +1,10 @@
 """nvrx-ipc-fix: stop NVRx async checkpointing from holding GPU memory, writing stale
 checkpoints and hanging.
 
-``import nvrx_ipc_fix`` activates it (unless ``NVRX_IPC_FIX_DISABLE=1``). Activation only
-registers post-import hooks: NVRx and Megatron are patched when they are imported, and
-this import imports neither them nor torch.
+Installed from the wheel, it activates at interpreter start-up (``nvrx_ipc_fix.pth``);
+``import nvrx_ipc_fix`` activates it too (unless ``NVRX_IPC_FIX_DISABLE=1``). Activation
+only registers post-import hooks: NVRx and Megatron are patched when they are imported,
+and activation imports neither them nor torch.
 """
 
 __version__ = "0.1.0"
@@ -12,11 +13,27 @@ from ._lifecycle import activate, deactivate, status  # noqa: E402
 from ._lifecycle import enable as _enable  # noqa: E402
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
-           "State", "Status", "FixStatus", "TargetStatus"]
+           "ray_worker_setup", "State", "Status", "FixStatus", "TargetStatus"]
 
 _LAZY = {"State": "_status", "Status": "_status", "FixStatus": "_status",
          "TargetStatus": "_status", "release": "_release", "offloading": "_release",
          "ReleaseReport": "_release"}
+
+
+def ray_worker_setup():
+    """Activate in a Ray worker: ``runtime_env={"worker_process_setup_hook":
+    "nvrx_ipc_fix.ray_worker_setup"}`` (source ``ray-hook``).
+
+    Ray imports this package to find the hook and runs the hook before any task or actor
+    code, so the activation that import made is recorded as the hook's. Not subject to
+    ``NVRX_IPC_FIX_AUTO``; ``NVRX_IPC_FIX_DISABLE`` applies.
+    """
+    try:
+        _enable("ray-hook", claim=True)
+    except Exception as exc:  # Ray stops a worker whose setup hook raises
+        from ._log import warn_once
+
+        warn_once("activate", "nvrx_ipc_fix: activation failed, nothing patched: %s", exc)
 
 
 def __getattr__(name):  # these import dataclasses, enum, logging: load them on demand

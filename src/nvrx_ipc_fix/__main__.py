@@ -1,4 +1,5 @@
-"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``demo`` and ``selftest``."""
+"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``doctor``,
+``install-sitecustomize DIR``, ``demo`` and ``selftest``."""
 
 from __future__ import annotations
 
@@ -19,28 +20,50 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument("--no-import", action="store_true",
                        help="do not import NVRx first (targets stay 'pending')")
+    sub.add_parser("doctor", help="check that processes started like this one get the fix; "
+                                  "exit 1 if an affected NVRx is installed and they do not")
+    site = sub.add_parser("install-sitecustomize",
+                          help="write DIR/sitecustomize.py that activates the package at "
+                               "start-up (where .pth files are not read)")
+    site.add_argument("directory", metavar="DIR", help="a directory early on sys.path, e.g. "
+                                                       "the PYTHONPATH entry of the install")
     sub.add_parser("demo", help="run the NVRx worker through the failures, "
                                 "without and with the fix")
     sub.add_parser("selftest", help="check the fix on this node (GPU memory, next-save time, "
                                     "correctness), without and with the package")
     args = parser.parse_args(argv)
     if args.command in ("demo", "selftest"):
-        import importlib
-
         return importlib.import_module(f".{args.command}", __package__).run()
+    if args.command == "install-sitecustomize":
+        from ._sitecustomize import install
+
+        code, message = install(args.directory)
+        print(message, file=sys.stderr if code else sys.stdout)
+        return code
+    if args.command == "doctor":
+        from ._doctor import run
+
+        _import_nvrx()
+        return run()
     return _show(args.json, args.no_import)
 
 
-def _show(as_json: bool, no_import: bool) -> int:
-    import nvrx_ipc_fix
-
-    if not no_import and distribution_version(NVRX_DIST):
-        for name in (CORE, FS):  # import NVRx so the hooks fire and the probes can look
+def _import_nvrx():
+    """Import NVRx, if installed, so that the hooks fire and the probes can look."""
+    if distribution_version(NVRX_DIST):
+        for name in (CORE, FS):
             try:
                 importlib.import_module(name)
             except Exception as exc:
                 print(f"note: could not import {name}: {type(exc).__name__}: {exc}",
                       file=sys.stderr)
+
+
+def _show(as_json: bool, no_import: bool) -> int:
+    import nvrx_ipc_fix
+
+    if not no_import:
+        _import_nvrx()
     snapshot = nvrx_ipc_fix.status()
     print(json.dumps(snapshot.to_dict(), indent=2) if as_json else snapshot.table())
     return 0

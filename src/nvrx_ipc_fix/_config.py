@@ -10,6 +10,10 @@ import os
 #: ``1``/``true``/``yes``/``on`` turns the package off; a comma list of fix names
 #: (``clear_on_close,stale_guard``) turns off only those fixes. Default: everything on.
 DISABLE = "NVRX_IPC_FIX_DISABLE"
+#: ``0``/``false``/``no``/``off`` turns start-up activation (the ``.pth`` file, the
+#: sitecustomize fallback) off; ``import nvrx_ipc_fix``, ``activate()`` and the Ray hook still
+#: activate. Default: on. Read before the package is imported, by ``_nvrx_ipc_fix_startup``.
+AUTO = "NVRX_IPC_FIX_AUTO"
 #: ``debug``/``info``/``warning``/``error``: attach a stderr handler to the
 #: ``nvrx_ipc_fix`` logger at that level. Default: no handler (a ``NullHandler`` only).
 LOG_LEVEL = "NVRX_IPC_FIX_LOG_LEVEL"
@@ -51,6 +55,16 @@ def disabled_fixes(known):
         _invalid(DISABLE, raw, f"names unknown fixes {sorted(unknown)} (known: "
                  f"{', '.join(known)}, or 1 for all); ignoring those")
     return frozenset(names.intersection(known))
+
+
+def auto():
+    """Whether start-up activation is on (``NVRX_IPC_FIX_AUTO``)."""
+    raw = os.environ.get(AUTO, "").strip().lower()
+    if raw and raw in _FALSE:
+        return False
+    if raw and raw not in _TRUE:
+        _invalid(AUTO, raw, "is not 0 or 1; start-up activation stays on")
+    return True
 
 
 def configure_logging():

@@ -5,9 +5,7 @@ and ``__version__`` exists only from 0.5.0. Nothing here imports NVRx; a class i
 probed only once its module is in ``sys.modules``.
 """
 
-from __future__ import annotations
-
-import sys
+import sys  # no `from __future__ import annotations`: the .pth path would import __future__
 
 NVRX_DIST = "nvidia-resiliency-ext"
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"

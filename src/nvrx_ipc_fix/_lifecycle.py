@@ -19,7 +19,8 @@ from ._targets import FIXES, TARGETS
 
 _lock = RLock()
 _active = False
-_source = None  # how the last activation happened: "import" or "explicit"
+_source = None  # how the current activation happened: Status.source
+_requested = []  # every source that asked for activation in this process: Status.requested_by
 _hooked = set()  # modules with a registered hook
 _verdicts = {}  # Target -> (state, reason), decided when its module was imported
 _patches = {}  # Target -> _Patch
@@ -51,10 +52,21 @@ def activate():
     return status()
 
 
-def enable(source):
-    """``activate()`` without building a status (the import path stays cheap)."""
+def enable(source, claim=False):
+    """``activate()`` without building a status (the import path stays cheap).
+
+    The first source that finds the package off is the activation's ``source``; later ones
+    are only recorded. ``claim``: the caller's own ``import nvrx_ipc_fix`` just ran, so the
+    activation that import made is recorded as the caller's.
+    """
     global _active, _source
     with _lock:
+        if claim and _requested == ["import"]:  # that import was the caller's
+            _requested.clear()
+            if _source == "import":
+                _source = source
+        if source not in _requested:
+            _requested.append(source)
         _config.configure_logging()
         if _config.disabled_fixes(tuple(FIXES)) is not None and not _active:
             _active, _source = True, source
@@ -191,6 +203,7 @@ def status():
             version=__version__,
             activated=_active,
             source=_source,
+            requested_by=tuple(_requested),
             pid=os.getpid(),
             nvrx_version=_detect.distribution_version(_detect.NVRX_DIST),
             wrapt_version=getattr(wrapt, "__version__", None)

@@ -48,7 +48,10 @@ class Status:
 
     version: str
     activated: bool
-    source: str | None  # "import", "explicit", or None when never activated
+    #: What activated the package: "pth" (the start-up file), "sitecustomize", "import",
+    #: "ray-hook", "explicit" (activate()); None when never activated.
+    source: str | None
+    requested_by: tuple[str, ...]  # every source that asked for activation, in order
     pid: int
     nvrx_version: str | None
     wrapt_version: str | None
@@ -73,7 +76,13 @@ class Status:
     def table(self) -> str:
         """A short human-readable report."""
         nvrx = self.nvrx_version or "not installed"
-        how = f"activated ({self.source})" if self.activated else "not active"
+        if self.activated:
+            how = f"activated ({self.source})"
+            also = [s for s in self.requested_by if s != self.source]
+            how += f" (also requested by {', '.join(also)})" if also else ""
+        else:
+            how = "not active"
+            how += f" (requested by {', '.join(self.requested_by)})" if self.requested_by else ""
         lines = [f"nvrx-ipc-fix {self.version}: {how}, pid {self.pid}",
                  f"NVRx {nvrx}, wrapt {self.wrapt_version or 'not installed'}", "", "fixes:"]
         width = max(len(f.name) for f in self.fixes)

@@ -183,8 +183,9 @@ EXTRA_STEPS = {}
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
         world_size=1):
     """Run ``steps``; return the report (a JSON-ready dict)."""
+    status = nvrx_ipc_fix.status()
     report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
-              "nvrx": nvrx_ipc_fix.status().nvrx_version, "fix": _fix_states(),
+              "nvrx": status.nvrx_version, "source": status.source, "fix": _fix_states(),
               "steps": list(steps), "rank": rank, "saves": [], "hang": None}
     trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size)
     for index, step in enumerate(steps):

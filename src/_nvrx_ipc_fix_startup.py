@@ -1,0 +1,42 @@
+"""Start-up activation of ``nvrx_ipc_fix``: what ``nvrx_ipc_fix.pth`` (``.start`` on Python
+3.15+) and the sitecustomize written by ``python -m nvrx_ipc_fix install-sitecustomize`` run.
+
+A top-level module, so that reading ``NVRX_IPC_FIX_AUTO`` happens before the package is
+imported: importing ``nvrx_ipc_fix`` activates it, and a process with start-up activation
+off must still be able to activate by ``import nvrx_ipc_fix`` later. Standard library only
+(``os`` and ``sys``, which ``site`` has already imported); never raises.
+"""
+
+import os
+import sys
+
+#: Values of ``NVRX_IPC_FIX_AUTO`` (``nvrx_ipc_fix._config.AUTO``) that turn start-up
+#: activation off; ``_config.auto()`` agrees (a test checks).
+OFF = ("0", "false", "no", "off")
+
+#: How start-up activation was attempted in this process (``pth``, ``sitecustomize``), in order.
+ran = []
+#: The exception that stopped the last attempt, as ``"Type: message"``; ``None`` if none did.
+error = None
+
+
+def run(how="pth"):
+    """Activate ``nvrx_ipc_fix`` with source ``how``, once per ``how`` and process."""
+    global error
+    if how in ran:
+        return
+    ran.append(how)
+    try:
+        if os.environ.get("NVRX_IPC_FIX_AUTO", "").strip().lower() in OFF:
+            return
+        fresh = "nvrx_ipc_fix" not in sys.modules
+        import nvrx_ipc_fix._lifecycle
+
+        nvrx_ipc_fix._lifecycle.enable(how, claim=fresh)
+    except Exception as exc:  # a broken or half-removed install must not stop Python
+        error = f"{type(exc).__name__}: {exc}"
+        if os.environ.get("NVRX_IPC_FIX_LOG_LEVEL", "").strip().lower() == "debug":
+            try:
+                sys.stderr.write(f"nvrx_ipc_fix: start-up activation ({how}) failed: {error}\n")
+            except Exception:
+                pass

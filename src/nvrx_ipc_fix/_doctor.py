@@ -1,0 +1,150 @@
+"""``python -m nvrx_ipc_fix doctor``: is the fix active in processes started like this one?
+
+A process "started like this one" runs the same interpreter with the same flags and
+environment. It is covered when its start-up (the ``.pth`` file or the sitecustomize
+fallback) activates the package; the import this command makes does not count. One line
+per check; exit status 1 when an NVRx with the IPC cache (0.6.0, 0.7.0, a dev build) is
+installed and such processes are not covered, else 0.
+"""
+
+import os
+import site
+import sys
+
+from . import _config, _detect
+from ._targets import FIXES
+
+PTH = "nvrx_ipc_fix.pth"
+FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "pending": "info",
+              "disabled": "warn", "unsupported": "warn", "error": "warn"}
+OTHER_WAYS = ("`import nvrx_ipc_fix` first in each entry point; for Ray workers the "
+              "worker_process_setup_hook 'nvrx_ipc_fix.ray_worker_setup'")
+
+
+def run(out=print):
+    """Print the checks; return the exit status.
+
+    Each check is ``(level, label, text)``: ``ok``, ``info``, ``warn``, or ``fail``, which
+    is a reason for exit status 1 when an affected NVRx is installed (shown as ``FAIL``)
+    and only a warning otherwise.
+    """
+    import nvrx_ipc_fix
+
+    status = nvrx_ipc_fix.status()
+    startup = sys.modules.get("_nvrx_ipc_fix_startup")  # imported only by start-up
+    ran = getattr(startup, "ran", [])
+    package_dir = os.path.dirname(os.path.abspath(nvrx_ipc_fix.__file__))
+    affected = (status.nvrx_version is not None
+                and _detect.release_has_cache(status.nvrx_version) is not False)
+    covered = status.activated and status.source in ("pth", "sitecustomize")
+
+    checks = [("info", "package", f"nvrx-ipc-fix {status.version} in {package_dir}; Python "
+               f"{sys.version.split()[0]} ({sys.executable}), pid {status.pid}"),
+              _pth(_installed_pth(), "pth" in ran, covered),
+              _sitecustomize("sitecustomize" in ran), *_switches(), _startup_error(startup),
+              ("ok" if covered else "fail", "activation", _activation(status, covered)),
+              ("ok", "wrapt", status.wrapt_version) if status.wrapt_version else
+              ("fail", "wrapt", "not installed: nothing can be patched"),
+              ("info", "NVRx", _nvrx(status.nvrx_version, affected))]
+    checks += [(FIX_LEVELS[fix.state.value], f"fix {fix.name}", f"{fix.state.value}: {fix.reason}")
+               for fix in status.fixes]
+    checks = [c for c in checks if c]
+    for level, label, text in checks:
+        mark = ("FAIL" if affected else "warn") if level == "fail" else level
+        out(f"{mark:<4}  {label}: {text}")
+
+    causes = [f"{label}: {text}" for level, label, text in checks
+              if level == "fail" and label != "activation"]
+    if not affected:
+        out("result: ok: no NVRx with the IPC cache is installed; nothing needs the fix")
+    elif not causes and covered:
+        out(f"result: ok: processes started like this one activate at start-up "
+            f"({status.source}), before NVRx is imported")
+    else:
+        out(f"result: NVRx {status.nvrx_version} needs the fix, and processes started like "
+            f"this one do not get it ({'; '.join(causes) or 'start-up did not activate'}). "
+            f"Other ways: {OTHER_WAYS}.")
+        return 1
+    return 0
+
+
+def _installed_pth():
+    """Where the installed distribution put ``nvrx_ipc_fix.pth`` (from its RECORD), or None."""
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution("nvrx-ipc-fix").files or ()
+    except metadata.PackageNotFoundError:
+        return None
+    return next((os.path.abspath(f.locate()) for f in files if f.name == PTH), None)
+
+
+def _pth(path, processed, covered):
+    where = os.path.dirname(path or "")
+    if processed:
+        return "ok", PTH, f"in {where}, read at start-up"
+    if path is None or not os.path.exists(path):
+        why = ("not installed (no nvrx-ipc-fix distribution lists it: a source tree on "
+               "sys.path?): install the wheel, or use the sitecustomize fallback")
+    elif sys.flags.no_site:
+        why = (f"in {where}, not read: `python -S` imports no site, so neither .pth files "
+               "nor a sitecustomize run")
+    elif where not in _site_dirs():
+        why = (f"in {where}, not read: Python reads .pth files only in site directories, and "
+               f"this one is reached through PYTHONPATH or sys.path; fallback: "
+               f"`python -m nvrx_ipc_fix install-sitecustomize {where}`")
+    else:
+        why = f"in {where}, not read by this interpreter (a hidden file? an embedded Python?)"
+    return ("info" if covered else "fail"), PTH, why
+
+
+def _site_dirs():
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return {os.path.abspath(d) for d in dirs}
+
+
+def _sitecustomize(ran):
+    if ran:
+        return "ok", "sitecustomize", "the fallback ran at start-up"
+    return "info", "sitecustomize", "did not run (the fallback where the .pth file is not read)"
+
+
+def _switches():
+    disabled, raw = _config.disabled_fixes(tuple(FIXES)), os.environ.get(_config.DISABLE, "")
+    if disabled is None:
+        yield "fail", _config.DISABLE, f"{raw!r}: the package is off"
+    elif disabled:
+        yield "warn", _config.DISABLE, f"{raw!r}: {', '.join(sorted(disabled))} off"
+    else:
+        yield "ok", _config.DISABLE, "not set"
+    if _config.auto():
+        yield "ok", _config.AUTO, "start-up activation on"
+    else:
+        yield "fail", _config.AUTO, f"{os.environ[_config.AUTO]!r}: start-up activation is off"
+
+
+def _startup_error(startup):
+    error = getattr(startup, "error", None)
+    return ("fail", "start-up", f"activation failed: {error}") if error else None
+
+
+def _activation(status, covered):
+    if not status.activated:
+        return "not active"
+    also = [s for s in status.requested_by if s != status.source]
+    text = f"active, source {status.source}" + (f" (then {', '.join(also)})" if also else "")
+    if not covered:
+        text += ": only this command's own import; processes started like this one are not"
+    return text
+
+
+def _nvrx(version, affected):
+    if version is None:
+        return "not installed: nothing to fix"
+    if not affected:
+        return f"{version}: no IPC tensor cache (added in 0.6.0): nothing to fix"
+    if _detect.release_has_cache(version) is None:
+        return f"{version}: a dev or unknown build that may have the IPC cache: the fixes apply"
+    return f"{version}: has the IPC tensor cache: the fixes apply"

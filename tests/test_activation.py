@@ -1,0 +1,301 @@
+"""Start-up activation from a real install: the wheel is built once and installed into fresh
+virtual environments (no pip, no torch), and every check runs in a new interpreter.
+
+The scripts never import ``nvrx_ipc_fix``; they read ``sys.modules["nvrx_ipc_fix"]``. Where
+``doctor`` needs an NVRx with the IPC cache, its metadata alone stands in (``nvrx_meta``):
+``doctor`` decides from the installed version. Marked ``install``: tox runs these in the
+nonvrx env only, as nothing here depends on NVRx (tests/test_failures.py and test_cli.py
+check start-up activation against the real NVRx).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from conftest import run_process, run_python
+
+pytestmark = pytest.mark.install
+
+ROOT = Path(__file__).resolve().parents[1]
+STARTUP_FILES = ("nvrx_ipc_fix.pth", "nvrx_ipc_fix.start", "_nvrx_ipc_fix_startup.py")
+HEAVY = ["torch", "nvidia_resiliency_ext", "wrapt", "logging", "inspect", "dataclasses"]
+REPORT = """
+    import json, os, sys
+    def report():
+        m = sys.modules.get("nvrx_ipc_fix")
+        s = m and m.status()
+        return {"imported": m is not None, "activated": bool(s and s.activated),
+                "source": s and s.source, "requested_by": list(s.requested_by) if s else [],
+                "pid": os.getpid()}
+"""
+
+
+def check(args, timeout=300):
+    subprocess.run(args, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    check([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out),
+           str(ROOT)])
+    return next(out.glob("nvrx_ipc_fix-*.whl"))
+
+
+def make_venv(path, wheel=None, target=None):
+    """A venv without pip; the wheel (and the wrapt and packaging of this env) installed into
+    its site-packages, or into ``target`` (a directory for PYTHONPATH)."""
+    check([sys.executable, "-m", "venv", "--without-pip", str(path)])
+    python = str(path / "bin" / "python")
+    if wheel:
+        deps = [f"{d}=={metadata.version(d)}" for d in ("wrapt", "packaging")]
+        where = ["--target", str(target)] if target else []
+        check([sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
+               "--disable-pip-version-check", *where, str(wheel), *deps])
+    site = run_python("import json, sysconfig; print(json.dumps(sysconfig.get_paths()['purelib']))",
+                      python=python)
+    return python, Path(site)
+
+
+@pytest.fixture(scope="session")
+def venv(tmp_path_factory, wheel):
+    return make_venv(tmp_path_factory.mktemp("venv") / "v", wheel)
+
+
+@pytest.fixture(scope="session")
+def nvrx_meta(tmp_path_factory):
+    """A directory whose only content is the metadata of nvidia-resiliency-ext 0.6.0."""
+    root = tmp_path_factory.mktemp("nvrx-meta")
+    info = root / "nvidia_resiliency_ext-0.6.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-resiliency-ext\n"
+                                   "Version: 0.6.0\n")
+    return root
+
+
+def probe(python, code="print(json.dumps(report()))", flags=(), env=None):
+    return run_python(REPORT + textwrap.indent(textwrap.dedent(code), "    "), python=python,
+                      flags=flags, env=env, auto=True)
+
+
+def doctor(python, flags=(), env=None):
+    rc, out, err = run_process([python, *flags, "-m", "nvrx_ipc_fix", "doctor"], env=env,
+                               auto=True)
+    assert out.rstrip().splitlines()[-1].startswith("result: "), out + err
+    return rc, out
+
+
+def test_the_wheel_puts_the_startup_files_at_its_root_and_in_record(wheel):
+    with zipfile.ZipFile(wheel) as whl:
+        record = whl.read(next(n for n in whl.namelist() if n.endswith("/RECORD"))).decode()
+        pth = whl.read("nvrx_ipc_fix.pth").decode()
+        start = whl.read("nvrx_ipc_fix.start").decode()
+    assert {line.split(",")[0] for line in record.splitlines()} >= set(STARTUP_FILES)
+    lines = [line for line in pth.splitlines() if line and not line.startswith("#")]
+    assert len(lines) == 1 and lines[0].startswith("import sys; exec(")
+    assert "except Exception" in lines[0]
+    assert start.split() == ["_nvrx_ipc_fix_startup:run"]
+
+
+def test_pth_activates_at_startup_and_imports_nothing_heavy(venv):
+    python, _ = venv
+    seen = probe(python, f"""
+        heavy = [m for m in {HEAVY!r} if m in sys.modules]  # before status() loads its types
+        print(json.dumps(dict(report(), heavy=heavy)))
+    """)
+    assert seen["activated"] and seen["source"] == "pth" and seen["requested_by"] == ["pth"]
+    assert seen["heavy"] == []
+    later = probe(python, "import nvrx_ipc_fix; print(json.dumps(report()))")
+    assert later["source"] == "pth" and later["requested_by"] == ["pth"]  # import: no-op
+    again = probe(python, "import nvrx_ipc_fix; nvrx_ipc_fix.activate()\n"
+                          "print(json.dumps(report()))")
+    assert again["source"] == "pth" and again["requested_by"] == ["pth", "explicit"]
+
+
+def test_pth_runs_once_when_site_reads_it_again(venv):
+    python, site = venv
+    seen = probe(python, f"""
+        import site
+        site.addsitedir({str(site)!r})  # re-reads every .pth file there
+        hooks = sys.modules["nvrx_ipc_fix._hooks"]
+        print(json.dumps(dict(report(), finders=sys.meta_path.count(hooks._FINDER),
+                              ran=sys.modules["_nvrx_ipc_fix_startup"].ran)))
+    """)
+    assert seen["requested_by"] == ["pth"] and seen["ran"] == ["pth"] and seen["finders"] == 1
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({"NVRX_IPC_FIX_AUTO": "0"}, {"imported": False}),
+    ({"NVRX_IPC_FIX_AUTO": "off"}, {"imported": False}),
+    ({"NVRX_IPC_FIX_DISABLE": "1"}, {"imported": True, "activated": False}),
+], ids=["auto-0", "auto-off", "disable"])
+def test_switches_at_startup_and_import_afterwards(venv, env, expect):
+    python, _ = venv
+    seen = probe(python, """
+        before = report()
+        import nvrx_ipc_fix
+        print(json.dumps({"before": before, "after": report()}))
+    """, env=env)
+    assert {k: seen["before"][k] for k in expect} == expect
+    if "NVRX_IPC_FIX_AUTO" in env:  # start-up stayed away, so the import activates
+        assert seen["after"]["activated"] and seen["after"]["source"] == "import"
+    else:
+        assert not seen["after"]["activated"] and seen["after"]["requested_by"] == ["pth"]
+
+
+def test_auto_values_mean_the_same_before_and_after_import(venv):
+    python, _ = venv
+    values = ["", "0", "1", "off", "OFF ", "no", "false", "on", "yes", "true", "maybe"]
+    seen = probe(python, f"""
+        import os, warnings, _nvrx_ipc_fix_startup as startup
+        from nvrx_ipc_fix import _config
+        warnings.simplefilter("ignore")
+        same = []
+        for value in {values!r}:
+            os.environ["NVRX_IPC_FIX_AUTO"] = value
+            same.append((value.strip().lower() in startup.OFF) == (not _config.auto()))
+        print(json.dumps(same))
+    """)
+    assert all(seen)
+
+
+def test_start_file_entry_point_activates_like_the_pth(venv):
+    """Python 3.15+ runs the .start entry point instead of the .pth line (PEP 829)."""
+    python, site = venv
+    seen = probe(python, f"""
+        import pkgutil
+        before = report()
+        with open({str(site / "nvrx_ipc_fix.start")!r}) as start:
+            for line in start:
+                pkgutil.resolve_name(line.strip())()
+        print(json.dumps({{"before": before, "after": report()}}))
+    """, flags=["-S"], env={"PYTHONPATH": str(site)})
+    assert not seen["before"]["imported"]
+    assert seen["after"]["activated"] and seen["after"]["source"] == "pth"
+
+
+def test_python_S_is_not_active_and_doctor_says_why(venv, nvrx_meta):
+    python, site = venv
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{nvrx_meta}"}
+    assert not probe(python, flags=["-S"], env=env)["imported"]
+    rc, out = doctor(python, flags=["-S"], env=env)
+    assert rc == 1
+    assert "FAIL  nvrx_ipc_fix.pth:" in out and "python -S" in out
+    assert "FAIL  activation: active, source import" in out
+    rc, out = doctor(python, env={"PYTHONPATH": str(nvrx_meta)})  # the same, without -S
+    assert rc == 0 and "ok    nvrx_ipc_fix.pth:" in out and "source pth" in out
+
+
+def test_doctor_fails_on_switches_only_when_nvrx_needs_the_fix(venv, nvrx_meta):
+    python, _ = venv
+    for switch in ({"NVRX_IPC_FIX_AUTO": "0"}, {"NVRX_IPC_FIX_DISABLE": "1"}):
+        name = next(iter(switch))
+        rc, out = doctor(python, env={**switch, "PYTHONPATH": str(nvrx_meta)})
+        assert rc == 1 and f"FAIL  {name}: " in out, out
+        rc, out = doctor(python, env=switch)  # no NVRx installed: nothing to fix
+        assert rc == 0 and f"warn  {name}: " in out, out
+
+
+@pytest.fixture
+def target_install(tmp_path, wheel):
+    """A bare venv, and the wheel installed with ``pip --target`` into a PYTHONPATH directory."""
+    python, _ = make_venv(tmp_path / "bare", wheel, target=tmp_path / "lib")
+    return python, tmp_path / "lib"
+
+
+def test_pythonpath_install_doctor_names_the_fallback_and_sitecustomize_activates(
+        target_install, nvrx_meta):
+    python, lib = target_install
+    env = {"PYTHONPATH": os.pathsep.join([str(lib), str(nvrx_meta)])}
+    assert not probe(python, env=env)["imported"]
+    rc, out = doctor(python, env=env)
+    assert rc == 1 and "reached through PYTHONPATH" in out
+    assert f"python -m nvrx_ipc_fix install-sitecustomize {lib}" in out
+
+    rc, out, err = run_process([python, "-m", "nvrx_ipc_fix", "install-sitecustomize", str(lib)],
+                               env=env)
+    assert rc == 0, err
+    seen = probe(python, env=env)
+    assert seen["activated"] and seen["source"] == "sitecustomize"
+    rc, out = doctor(python, env=env)
+    assert rc == 0 and "ok    sitecustomize: the fallback ran at start-up" in out, out
+
+
+def test_sitecustomize_runs_the_one_it_hides_even_after_uninstall(target_install, tmp_path):
+    python, lib = target_install
+    ours, theirs, mark = tmp_path / "ours", tmp_path / "theirs", tmp_path / "mark"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text(
+        "import os\nopen(os.environ['MARK'], 'a').write(__file__ + '\\n')\n")
+    cli = [python, "-m", "nvrx_ipc_fix", "install-sitecustomize"]
+    env = {"PYTHONPATH": str(lib), "MARK": str(mark)}
+    for directory, code in ((ours, 0), (ours, 0), (theirs, 1)):  # rewrites ours, never theirs
+        rc, _, _ = run_process([*cli, str(directory)], env=env)
+        assert rc == code
+    assert "MARK" in (theirs / "sitecustomize.py").read_text()
+
+    env["PYTHONPATH"] = os.pathsep.join([str(ours), str(lib), str(theirs)])
+    seen = probe(python, """
+        print(json.dumps(dict(report(), module=sys.modules["sitecustomize"].__file__)))
+    """, env=env)
+    assert seen["source"] == "sitecustomize"
+    assert seen["module"] == str(theirs / "sitecustomize.py")
+    assert mark.read_text().splitlines() == [str(theirs / "sitecustomize.py")]
+
+    env["PYTHONPATH"] = os.pathsep.join([str(ours), str(theirs)])  # the package is gone
+    rc, out, err = run_process([python, "-c", "import sys; print('sitecustomize' in sys.modules)"],
+                               env=env)
+    assert (rc, out.strip(), err) == (0, "True", "")
+    assert len(mark.read_text().splitlines()) == 2
+
+
+def test_spawn_and_forkserver_children_are_active(venv, tmp_path):
+    python, _ = venv
+    script = tmp_path / "children.py"
+    script.write_text(textwrap.dedent(REPORT) + textwrap.dedent("""
+        import multiprocessing
+
+        def child(queue):
+            queue.put(report())
+
+        if __name__ == "__main__":
+            seen = {"parent": report()}
+            for method in ("spawn", "forkserver"):
+                ctx = multiprocessing.get_context(method)
+                queue = ctx.Queue()
+                proc = ctx.Process(target=child, args=(queue,))
+                proc.start()
+                seen[method] = queue.get(timeout=60)
+                proc.join(60)
+            print(json.dumps(seen))
+    """))
+    rc, out, err = run_process([python, str(script)], auto=True)
+    assert rc == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert len({s["pid"] for s in seen.values()}) == 3
+    for who in ("parent", "spawn", "forkserver"):
+        assert seen[who]["activated"] and seen[who]["source"] == "pth", (who, seen)
+
+
+def test_uninstall_removes_the_startup_files_and_leftovers_are_harmless(tmp_path, wheel):
+    python, site = make_venv(tmp_path / "v", wheel)
+    check([sys.executable, "-m", "pip", "--python", python, "uninstall", "--yes", "--quiet",
+           "nvrx-ipc-fix"])
+    assert [name for name in STARTUP_FILES if (site / name).exists()] == []
+    with zipfile.ZipFile(wheel) as whl:  # a half uninstall leaves the start-up files behind
+        whl.extract("nvrx_ipc_fix.pth", site)
+        rc, out, err = run_process([python, "-c", "pass"], auto=True)
+        assert (rc, out, err) == (0, "", "")
+        whl.extract("_nvrx_ipc_fix_startup.py", site)
+        rc, out, err = run_process([python, "-c", "pass"], auto=True)
+        assert (rc, out, err) == (0, "", "")
+    rc, _, err = run_process([python, "-c", "pass"], auto=True,
+                             env={"NVRX_IPC_FIX_LOG_LEVEL": "debug"})
+    assert rc == 0 and "start-up activation (pth) failed: ModuleNotFoundError" in err
