@@ -5,7 +5,6 @@ twice."""
 
 import os
 
-import pytest
 
 from conftest import needs_cache, run_python, scenario
 

@@ -3,7 +3,7 @@ with it, on the real NVRx worker; checkpoints are compared value by value after 
 
 import pytest
 
-from conftest import NVRX, expect, needs_cache, needs_nvrx, pth_installed, scenario
+from conftest import expect, needs_cache, needs_nvrx, pth_installed, scenario
 
 pytestmark = needs_nvrx
 

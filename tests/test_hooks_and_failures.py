@@ -7,8 +7,6 @@ Hook tests use a throw-away module on ``sys.path``; failure tests break our own 
 import json
 import sys
 
-import pytest
-
 from conftest import needs_cache, run_process, run_python
 
 

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 
 from conftest import needs_cache, needs_nvrx, run_process, run_python, scenario
 

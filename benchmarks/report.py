@@ -1,0 +1,110 @@
+"""Tables (Markdown) and a chart (PNG) from ``benchmarks/results/*.jsonl``.
+
+    python benchmarks/report.py [--chart benchmarks/results/h200.png]   # needs matplotlib
+
+Held memory is ``torch.cuda.memory_allocated()`` in the trainer after the offload (the
+model's blocks that the worker's IPC mappings keep alive), and the device's used memory
+over an empty CUDA process (the trainer's and the worker's contexts included; shown only
+when nothing else was on the device at the baseline).
+"""
+
+import argparse
+import glob
+import json
+import os
+import statistics
+
+GIB = float(1 << 30)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ORDER = ("vanilla", "nemo_rl", "terminate", "flush", "auto", "no_cache")
+CLEAN_BASELINE = 1 << 30  # a baseline above this means another process was on the device
+
+
+def load():
+    rows = []
+    for path in sorted(glob.glob(os.path.join(HERE, "results", "*.jsonl"))):
+        with open(path) as lines:
+            rows += [json.loads(line) for line in lines if line.strip()]
+    return rows
+
+
+def lifecycle_table(rows, size):
+    out = ["| NVRx | scenario | held after offload (allocated) | device used over an empty "
+           "process | warm save blocks | next save blocks | next save total | release | "
+           "stale tensors | hang |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    found = [r for r in rows if r.get("size") == size and r.get("scenario") in ORDER]
+    for r in sorted(found, key=lambda r: (r["nvrx"], ORDER.index(r["scenario"]))):
+        measure = (r.get("measures") or [{}])[0]
+        used = measure.get("device_used")
+        used = ("n/a" if used is None or r["baseline_bytes"] > CLEAN_BASELINE
+                else f"{(used - r['baseline_bytes']) / GIB:.3f} GiB")
+        last = r["saves"][-1] if r.get("saves") else {}
+        seconds = r.get("auto_release_s") or (r.get("releases") or [{}])[0].get("seconds")
+        out.append(
+            f"| {r['nvrx']} | {r['scenario']} | {measure.get('allocated', 0) / GIB:.3f} GiB | "
+            f"{used} | {r['saves'][1]['blocked_s']:.3f} s | "
+            f"{last.get('blocked_s', float('nan')):.3f} s | "
+            f"{last.get('total_s') or float('nan'):.2f} s | "
+            f"{'' if seconds is None else f'{seconds:.3f} s'} | {last.get('stale')} | "
+            f"{'**yes**' if r.get('hang') else 'no'} |")
+    return "\n".join(out)
+
+
+def overhead_table(rows):
+    out = ["| NVRx | size | saves | median blocking, vanilla | median blocking, package | ratio |",
+           "|---|---|---|---|---|---|"]
+    by = {}
+    for r in rows:
+        if str(r.get("scenario", "")).startswith("overhead-"):
+            # the first save spawns the worker; the cached saves follow
+            times = [s["blocked_s"] for s in r["saves"][2:]]
+            by.setdefault((r["nvrx"], r["size"]), {})[r["scenario"]] = times
+    for (nvrx, size), runs in sorted(by.items()):
+        if len(runs) == 2:
+            a = statistics.median(runs["overhead-vanilla"])
+            b = statistics.median(runs["overhead-package"])
+            out.append(f"| {nvrx} | {size} | {len(runs['overhead-package'])} | {a:.4f} s | "
+                       f"{b:.4f} s | {b / a:.3f} |")
+    return "\n".join(out)
+
+
+def chart(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = [r for r in rows if r.get("size") == "2g16" and r.get("scenario") in ORDER]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for nvrx, offset in (("0.6.0", -0.2), ("0.7.0", 0.2)):
+        mine = {r["scenario"]: r for r in found if r["nvrx"] == nvrx}
+        xs = [i + offset for i, name in enumerate(ORDER) if name in mine]
+        held = [mine[n]["measures"][0]["allocated"] / GIB for n in ORDER if n in mine]
+        blocks = [mine[n]["saves"][-1]["blocked_s"] for n in ORDER if n in mine]
+        axes[0].bar(xs, held, width=0.4, label=f"NVRx {nvrx}")
+        axes[1].bar(xs, blocks, width=0.4, label=f"NVRx {nvrx}")
+    axes[0].set_title("model memory held after offload (GiB)")
+    axes[1].set_title("next save: blocking time (s)")
+    for ax in axes:
+        ax.set_xticks(range(len(ORDER)), ORDER, rotation=20)
+        ax.legend()
+    fig.suptitle("2 GiB model, 16 tensors, one H200 (torch 2.11)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chart")
+    args = parser.parse_args()
+    rows = load()
+    for size in ("2g16", "2g4096", "16g64"):
+        print(f"### {size}\n\n{lifecycle_table(rows, size)}\n")
+    print(f"### overhead\n\n{overhead_table(rows)}\n")
+    if args.chart:
+        chart(rows, args.chart)
+
+
+if __name__ == "__main__":
+    main()
