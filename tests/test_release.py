@@ -24,7 +24,7 @@ def test_without_release_the_worker_keeps_the_old_storage_mapped():
 
 # One run covers flush, a pending save finalized by release, and terminate.
 STEPS = ["save", "save", "probe", "flush", "probe", "replace", "save", "probe",
-         "save-async", "terminate", "probe", "replace", "save"]
+         "save-async", "terminate", "replace", "save", "probe"]
 
 
 @pytest.fixture(scope="module")

@@ -45,8 +45,11 @@ class ReleaseReport:
         """The one INFO line, in the units users think in."""
         worker = "worker kept" if self.worker_kept else (
             "worker terminated" if self.worker_terminated else "no worker")
-        return (f"released {self.freed_bytes / _cleanup.GIB:.2f} GiB held by the NVRx "
-                f"checkpoint worker ({self.strategy}, {self.seconds:.2f} s, {worker})")
+        freed = (f"freed {self.freed_bytes / _cleanup.GIB:.2f} GiB on this device"
+                 if self.freed_bytes >= 1 << 20 else
+                 "the model's blocks are freed as the trainer drops its tensors")
+        return (f"released the NVRx checkpoint worker's IPC mappings ({self.strategy}, "
+                f"{self.seconds:.2f} s, {worker}); {freed}")
 
 
 def check_strategy(strategy):

@@ -220,7 +220,8 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             for save in report["saves"]:
                 if save["stale"] is None:
                     save["stale"] = trainer.stale_tensors(save["path"], save["version"])
-                    shutil.rmtree(save["path"], ignore_errors=True)  # checked; free the disk
+                    if world_size == 1:  # checked: free the disk (other ranks may still read)
+                        shutil.rmtree(save["path"], ignore_errors=True)
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     report["releases_total"] = nvrx_ipc_fix.status().releases
