@@ -21,11 +21,12 @@ def test_json_status_matches_the_installed_nvrx():
     assert status["activated"] and status["source"] == "import"
     fixes = {f["name"]: f["state"] for f in status["fixes"]}
     if NVRX is None:
-        assert fixes == {"clear_on_close": "pending", "stale_guard": "pending"}
+        assert fixes == {"clear_on_close": "pending", "stale_guard": "pending",
+                         "release_on_offload": "not_applicable"}
         assert all("not installed" in t["reason"] for t in status["targets"]
                    if t["target"].startswith("nvidia_resiliency_ext"))
     elif not EXPECT[NVRX]["cache"]:
-        assert fixes == {"clear_on_close": "not_applicable", "stale_guard": "not_applicable"}
+        assert set(fixes.values()) == {"not_applicable"}
         megatron = [t for t in status["targets"] if t["target"].startswith("megatron")]
         assert {t["state"] for t in megatron} == {"not_applicable"}
         assert all("has no worker cache" in t["reason"] for t in megatron)
