@@ -5,10 +5,11 @@ twice."""
 
 import os
 
+import pytest
 
 from conftest import needs_cache, run_python, scenario
 
-pytestmark = needs_cache
+pytestmark = [needs_cache, pytest.mark.worker]
 
 FAITHFUL = os.path.join(os.path.dirname(__file__), "faithful")
 

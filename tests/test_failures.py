@@ -5,7 +5,7 @@ import pytest
 
 from conftest import expect, needs_cache, needs_nvrx, pth_installed, scenario
 
-pytestmark = needs_nvrx
+pytestmark = [needs_nvrx, pytest.mark.worker]
 
 REPLACE = ["save", "save", "replace", "save", "save"]
 CLOSE = ["save", "save", "close", "save", "save"]
@@ -52,6 +52,7 @@ def test_hang_after_close_without_the_package():
         assert stale_counts(report) == [0, 0, 0, 0]
 
 
+@pytest.mark.smoke
 def test_no_hang_after_close_with_the_package(fixed):
     assert fixed["hang"] is None, fixed["stderr"]
     assert not fixed["cache_miss"]

@@ -53,6 +53,7 @@ FRAMEWORKS = [pytest.param(VIA_MEGATRON, id="megatron", marks=needs_megatron),
 STEPS = ["save", "save", "close", "save", "replace", "save"]
 
 
+@pytest.mark.worker
 @pytest.mark.parametrize("prelude", FRAMEWORKS)
 def test_terminate_then_save_hangs_without_the_package(prelude):
     report = scenario(STEPS, prelude=prelude, fix=False)
@@ -60,6 +61,7 @@ def test_terminate_then_save_hangs_without_the_package(prelude):
     assert report["hang"]["step"] == 3 and report["cache_miss"], report
 
 
+@pytest.mark.worker
 @pytest.mark.parametrize("prelude", FRAMEWORKS)
 def test_terminate_then_save_works_with_the_package(prelude):
     report = scenario(STEPS, prelude=prelude)

@@ -15,6 +15,7 @@ TENSORS = 8
 
 
 @needs_cache
+@pytest.mark.worker
 def test_without_release_the_worker_keeps_the_old_storage_mapped():
     report = scenario(["save", "save", "probe", "replace", "probe"], tensors=TENSORS)
     before, after = report["probes"]
@@ -33,6 +34,7 @@ def released():
 
 
 @needs_cache
+@pytest.mark.worker
 def test_flush_empties_the_worker_cache_and_keeps_the_worker(released):
     primed, flushed, resent, _ = released["probes"]
     assert len(primed["keys"]) == 1 and flushed["keys"] == []
@@ -46,6 +48,7 @@ def test_flush_empties_the_worker_cache_and_keeps_the_worker(released):
 
 
 @needs_cache
+@pytest.mark.worker
 def test_terminate_replaces_the_worker_after_finalizing_the_pending_save(released):
     _, _, before, after = released["probes"]
     assert before["pid"] != after["pid"]
@@ -54,12 +57,14 @@ def test_terminate_replaces_the_worker_after_finalizing_the_pending_save(release
 
 
 @needs_cache
+@pytest.mark.worker
 def test_nothing_stale_and_no_hang_around_releases(released):
     assert released["hang"] is None, released["stderr"]
     assert [s["stale"] for s in released["saves"]] == [0] * 5
 
 
 @needs_cache
+@pytest.mark.worker
 def test_two_ranks_release_in_the_same_order(tmp_path):
     """gloo on CPU: a pending save is finalized collectively inside release()."""
     steps = "save,save,save-async,flush,replace,save,terminate,replace,save"
@@ -80,6 +85,7 @@ def test_two_ranks_release_in_the_same_order(tmp_path):
 
 
 @needs_cache
+@pytest.mark.worker
 def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
     result = run_python("""
         import json, tempfile, time
