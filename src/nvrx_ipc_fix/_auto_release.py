@@ -37,15 +37,13 @@ def after_finalize(blocking, terminate):
 
 def release_if_needed():
     """``release()`` when a queue may hold IPC handles it took since its last release."""
-    from ._release import holds_ipc, release, saved_since_release
+    from ._release import has_live_worker, holds_ipc, release, saved_since_release
 
     core = sys.modules.get(CORE)
     if core is None:
         return None
     for queue in core.AsyncCallsQueue.get_instances():
-        worker = getattr(getattr(queue, "persistent_caller", None), "process", None)
-        if (worker is not None and worker.is_alive() and holds_ipc(queue)
-                and saved_since_release(queue)):
+        if has_live_worker(queue) and holds_ipc(queue) and saved_since_release(queue):
             return release()
     return None
 

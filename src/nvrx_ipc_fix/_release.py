@@ -69,6 +69,12 @@ def holds_ipc(queue) -> bool:
     return not getattr(queue, "cpu_shm_mode", False) or getattr(queue, STAND_IN, False)
 
 
+def has_live_worker(queue) -> bool:
+    """Is this queue's persistent worker running?"""
+    worker = getattr(getattr(queue, "persistent_caller", None), "process", None)
+    return worker is not None and worker.is_alive()
+
+
 def saved_since_release(queue) -> bool:
     """Has this queue scheduled a request since its last release (or ever)?"""
     return getattr(queue, "call_idx", -1) > _released_at.get(queue, -1)
@@ -105,9 +111,7 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
         if q.get_num_unfinalized_calls():
             q.maybe_finalize_async_calls(blocking=True)  # collective: all ranks, same order
         _released_at[q] = q.call_idx
-        caller = getattr(q, "persistent_caller", None)
-        worker = getattr(caller, "process", None)
-        if worker is None or not worker.is_alive():
+        if not has_live_worker(q):
             skipped.append(f"{label}: no live worker")
             continue
         if strategy == "terminate":
@@ -116,7 +120,7 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
         else:
             from ._worker import drop_cache
 
-            _, error = run_in_worker(core, q, drop_cache, (), timeout)
+            error = run_in_worker(core, q, drop_cache, (), timeout)
             if error:
                 errors.append(f"{label}: {error}")
                 terminated = True
@@ -124,9 +128,8 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
                 kept = True
         released += 1
     trainer_cache.clear()
-    _cleanup.clear_trainer_caches(f"release ({strategy})", free_before)
-    free_after = _cleanup.device_free_bytes()
-    freed = 0 if free_before is None or free_after is None else max(0, free_after - free_before)
+    cleaned = _cleanup.clear_trainer_caches(f"release ({strategy})", free_before)
+    freed = (cleaned.freed_bytes or 0) if cleaned is not None else 0
     report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,
                            terminated, keys, tuple(skipped), "; ".join(errors) or None)
     if report.error:
@@ -140,7 +143,7 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
 
 
 def run_in_worker(core, queue, function, args, timeout):
-    """Run ``function(*args)`` in ``queue``'s idle worker; return (seconds, error).
+    """Run ``function(*args)`` in ``queue``'s idle worker; return an error or ``None``.
 
     The request goes straight onto the worker's queue and its completion is read from
     the worker's completion queue, so ``AsyncCallsQueue`` bookkeeping (and its
@@ -149,16 +152,15 @@ def run_in_worker(core, queue, function, args, timeout):
     late answer can be taken for a later save's.
     """
     caller = queue.persistent_caller
-    start = time.perf_counter()
     caller.queue.put(core.AsyncRequest(function, tuple(args), [], call_idx=_SENTINEL))
     try:
         done = caller.comp_q.get(timeout=timeout)
     except Empty:
         queue.close(abort=True)
-        return None, f"the worker did not answer within {timeout:g} s and was terminated"
+        return f"the worker did not answer within {timeout:g} s and was terminated"
     if done != _SENTINEL:
-        return None, f"the worker answered {done!r} instead of our request"
-    return time.perf_counter() - start, None
+        return f"the worker answered {done!r} instead of our request"
+    return None
 
 
 @contextmanager

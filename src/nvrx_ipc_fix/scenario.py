@@ -169,7 +169,7 @@ class Trainer:
         from ._worker import describe_cache
 
         path = os.path.join(self.directory, "probe.json")
-        _, error = run_in_worker(core, self.queue, describe_cache, (path,), 30)
+        error = run_in_worker(core, self.queue, describe_cache, (path,), 30)
         if error:
             raise RuntimeError(error)
         with open(path) as found:
