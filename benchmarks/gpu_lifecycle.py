@@ -2,25 +2,29 @@
 
     python benchmarks/gpu_lifecycle.py --out benchmarks/results/h200-nvrx070.jsonl \\
         [--sizes 2g16,2g4096,16g64] [--scenarios vanilla,nemo_rl,terminate,flush,auto,no_cache] \\
-        [--cycles 20] [--overhead 12] [--ranks 1]
+        [--cycles 20] [--overhead 12] [--ranks 2 [--launcher torchrun]]
 
-Each (size, scenario) runs in a fresh process through ``nvrx_ipc_fix.scenario``: save, save
-(cache primed), the scenario's release, offload the model (``to("cpu")``, ``gc``,
-``empty_cache``), measure, onload, save with new values; every checkpoint is loaded back
-and compared value by value, and a watchdog turns a hang into a reported failure.
+Each (size, scenario) runs in a fresh process per rank through ``nvrx_ipc_fix.scenario``:
+save, save (cache primed), then ``--cycles`` times (default 1): the scenario's release,
+offload the model (``to("cpu")``, ``gc``, ``empty_cache``), measure, onload, save with new
+values; every checkpoint is loaded back and compared value by value, and a watchdog turns
+a hang into a reported failure.
 
 Scenarios: ``vanilla`` (no package), ``nemo_rl`` (NeMo RL PR #3322's sequence by hand, no
 package), ``terminate`` / ``flush`` (``nvrx_ipc_fix.release``), ``auto`` (NeMo RL's
 ``offload_before_refit``, copied in tests/faithful, with the package releasing on its own),
 ``no_cache`` (``use_cached_data_structure=False``, no package: the reference).
-``--cycles N`` adds N save/release/offload/onload cycles with ``flush``; ``--overhead N``
-times N ordinary saves without and with the package (same sizes, separate processes).
-``--ranks N`` runs N ranks (one GPU each) per case. Prints and appends JSON lines.
+``--overhead N`` times N ordinary saves without and with the package (same sizes,
+separate processes). ``--ranks N`` runs N ranks (one GPU each) per case, started by this
+script (``--launcher spawn``, a shared file for the rendezvous) or by ``torchrun``.
+Without CUDA it runs on the CPU stand-in (no memory figures). Prints and appends JSON
+lines, one per rank and case.
 """
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +33,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAITHFUL = os.path.join(HERE, os.pardir, "tests", "faithful")
 SIZES = {"2g16": (16, 2 ** 31 // 4 // 16), "2g4096": (4096, 2 ** 31 // 4 // 4096),
-         "16g64": (64, 2 ** 34 // 4 // 64), "256m8": (8, 2 ** 28 // 4 // 8)}
+         "16g64": (64, 2 ** 34 // 4 // 64), "256m8": (8, 2 ** 28 // 4 // 8),
+         "4m8": (8, 2 ** 22 // 4 // 8)}  # 4m8: a dry run on the CPU
 SCENARIOS = {  # name -> (package on, use_cached_data_structure, the release step)
     "vanilla": (False, True, []),
     "nemo_rl": (False, True, ["nemo_rl_manual"]),
@@ -42,6 +47,8 @@ SCENARIOS = {  # name -> (package on, use_cached_data_structure, the release ste
 
 def child(spec):
     """Runs in the case's own process: register the extra steps, run, print the report."""
+    if "RANK" in os.environ:  # started by torchrun
+        spec.update(rank=int(os.environ["RANK"]), ranks=int(os.environ["WORLD_SIZE"]))
     import gc
     import types
 
@@ -94,38 +101,62 @@ def child(spec):
 
 
 def _baseline_bytes():
-    """Device memory used by a process that only initialised CUDA."""
+    """Device memory used by a process that only initialised CUDA (None without CUDA)."""
     code = ("import torch; torch.zeros(1, device='cuda'); f, t = torch.cuda.mem_get_info(); "
             "print(t - f)")
-    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              check=True).stdout.strip())
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return int(done.stdout.strip()) if done.returncode == 0 else None
 
 
-def run_case(spec, package, ranks, timeout):
-    """Run one case on ``ranks`` ranks; return the rank reports."""
+RUNNING = []  # the case's processes (each leads its own process group)
+
+
+def _stop(signum, _frame):
+    """SIGTERM/SIGINT (``timeout``, Ctrl-C): take the case's processes down too."""
+    for proc in RUNNING:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    sys.exit(128 + signum)
+
+
+def run_case(spec, package, ranks, timeout, launcher="spawn"):
+    """Run one case on ``ranks`` ranks; return the rank reports (one per rank)."""
     env = dict(os.environ)
     if not package:
         env["NVRX_IPC_FIX_DISABLE"] = "1"
     shared = tempfile.mkdtemp(prefix="nvrx-bench-shared-") if ranks > 1 else None
-    procs = []
-    for rank in range(ranks):
-        rank_spec = dict(spec, rank=rank, ranks=ranks, shared=shared)
-        procs.append(subprocess.Popen([sys.executable, __file__, "--child", json.dumps(rank_spec)],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True, start_new_session=True))
-    reports = []
-    for rank, proc in enumerate(procs):
+    if launcher == "torchrun":
+        port = 29500 + os.getpid() % 1000
+        commands = [[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                     str(ranks), "--master_port", str(port), __file__, "--child",
+                     json.dumps(dict(spec, shared=shared))]]
+    else:
+        commands = [[sys.executable, __file__, "--child",
+                     json.dumps(dict(spec, rank=rank, ranks=ranks, shared=shared))]
+                    for rank in range(ranks)]
+    start = time.perf_counter()
+    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True) for command in commands]
+    RUNNING[:] = procs
+    reports, errors = {}, {}
+    for index, proc in enumerate(procs):
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             out, err = proc.communicate()
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        if lines:
-            reports.append(json.loads(lines[-1]))
-        else:
-            reports.append({"rank": rank, "error": err[-2000:], "exit": proc.returncode})
-    return reports
+        found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        reports.update((report["rank"], report) for report in found)
+        if not found:
+            errors[index] = {"error": err[-2000:], "exit": proc.returncode}
+    for rank in range(ranks):  # a rank that printed nothing: its process's error
+        if rank not in reports:
+            reports[rank] = dict(errors.get(rank if launcher == "spawn" else 0, {}), rank=rank)
+    wall = round(time.perf_counter() - start, 1)
+    return [dict(reports[rank], wall_s=wall, ranks=ranks, launcher=launcher)
+            for rank in sorted(reports)]
 
 
 def main():
@@ -134,13 +165,17 @@ def main():
     parser.add_argument("--out", required=False)
     parser.add_argument("--sizes", default="2g16,2g4096,16g64")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--cycles", type=int, default=0)
+    parser.add_argument("--cycles", type=int, default=1,
+                        help="release/offload/onload/save cycles per case")
     parser.add_argument("--overhead", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn")
     parser.add_argument("--timeout", type=float, default=120.0, help="per save")
     args = parser.parse_args()
     if args.child:
         return child(json.loads(args.child))
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     meta = {"baseline_bytes": _baseline_bytes(), "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(sys.argv)}
 
@@ -152,22 +187,17 @@ def main():
                 with open(args.out, "a") as out:
                     out.write(json.dumps(report) + "\n")
 
-    for size in args.sizes.split(","):
+    cycles = max(1, args.cycles)
+    for size in args.sizes.split(",") if args.scenarios else ():
         tensors, numel = SIZES[size]
         for name in args.scenarios.split(","):
             package, cached, release = SCENARIOS[name]
-            steps = ["save", "save", *release, "offload", "measure", "onload", "save"]
+            steps = ["save", "save"] + [*release, "offload", "measure", "onload", "save"] * cycles
             record(run_case({"case": f"{size}/{name}", "size": size, "scenario": name,
-                             "steps": steps, "tensors": tensors, "numel": numel,
-                             "cached": cached, "timeout": args.timeout},
-                            package, args.ranks, args.timeout * 4 + 300))
-    if args.cycles:
-        tensors, numel = SIZES["256m8"]
-        steps = ["save", "save"] + ["flush", "offload", "onload", "save"] * args.cycles
-        record(run_case({"case": f"256m8/flush-cycles-{args.cycles}", "size": "256m8",
-                         "scenario": "flush-cycles", "steps": steps, "tensors": tensors,
-                         "numel": numel, "cached": True, "timeout": args.timeout},
-                        True, args.ranks, args.timeout * 2 + 60 * args.cycles))
+                             "cycles": cycles, "steps": steps, "tensors": tensors,
+                             "numel": numel, "cached": cached, "timeout": args.timeout},
+                            package, args.ranks, args.timeout * (3 + cycles) + 300,
+                            args.launcher))
     if args.overhead:
         size = args.sizes.split(",")[0]
         tensors, numel = SIZES[size]
@@ -177,7 +207,8 @@ def main():
                              "scenario": f"overhead-{label}", "steps": ["save"] * args.overhead,
                              "tensors": tensors, "numel": numel, "cached": True,
                              "timeout": args.timeout},
-                            package, args.ranks, args.timeout * args.overhead + 300))
+                            package, args.ranks, args.timeout * args.overhead + 300,
+                            args.launcher))
     return 0
 
 

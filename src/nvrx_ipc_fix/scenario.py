@@ -64,8 +64,10 @@ class Trainer:
         if not dist.is_initialized():
             if self.cuda:
                 torch.cuda.set_device(rank % torch.cuda.device_count())
+            # torchrun sets MASTER_ADDR/RANK/WORLD_SIZE; otherwise ranks meet in a shared file
+            init = "env://" if "MASTER_ADDR" in os.environ else f"file://{directory}/pg"
             dist.init_process_group("nccl" if self.cuda else "gloo", rank=rank,
-                                    world_size=world_size, init_method=f"file://{directory}/pg")
+                                    world_size=world_size, init_method=init)
         self.queue = core.AsyncCallsQueue(**_kwargs_accepted(
             core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
         if not self.cuda:
@@ -217,11 +219,16 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
         else:
             raise ValueError(f"unknown step {step!r}")
         if not trainer.queue.get_num_unfinalized_calls():  # verify what is finalized
+            checked = []
             for save in report["saves"]:
                 if save["stale"] is None:
                     save["stale"] = trainer.stale_tensors(save["path"], save["version"])
-                    if world_size == 1:  # checked: free the disk (other ranks may still read)
-                        shutil.rmtree(save["path"], ignore_errors=True)
+                    checked.append(save["path"])
+            if checked and world_size > 1:
+                dist.barrier()  # every rank has read them (all ranks run the same steps)
+            if rank == 0:  # checked: free the disk
+                for path in checked:
+                    shutil.rmtree(path, ignore_errors=True)
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     report["releases_total"] = nvrx_ipc_fix.status().releases
@@ -260,8 +267,10 @@ def main(argv=None):
                         "counts as hung")
     parser.add_argument("--tensors", type=int, default=8)
     parser.add_argument("--numel", type=int, default=4096)
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)),
+                        help="default: $RANK (torchrun)")
+    parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
+                        help="default: $WORLD_SIZE (torchrun)")
     parser.add_argument("--dir", default=None, help="shared directory (several ranks)")
     parser.add_argument("--no-cache", action="store_true",
                         help="use_cached_data_structure=False (the reference)")
