@@ -100,12 +100,22 @@ def child(spec):
     print(json.dumps(report), flush=True)
 
 
-def _baseline_bytes():
-    """Device memory used by a process that only initialised CUDA (None without CUDA)."""
+def _baseline_bytes(settle=30.0):
+    """Device memory used by a process that only initialised CUDA (None without CUDA).
+
+    Processes of an earlier, interrupted run may still be freeing the device: take the
+    lowest reading within ``settle`` seconds, stopping early once it is below 1 GiB."""
     code = ("import torch; torch.zeros(1, device='cuda'); f, t = torch.cuda.mem_get_info(); "
             "print(t - f)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    return int(done.stdout.strip()) if done.returncode == 0 else None
+    deadline, best = time.monotonic() + settle, None
+    while True:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if done.returncode != 0:
+            return None
+        best = min(int(done.stdout.strip()), best or 1 << 62)
+        if best < 1 << 30 or time.monotonic() > deadline:
+            return best
+        time.sleep(2)
 
 
 RUNNING = []  # the case's processes (each leads its own process group)

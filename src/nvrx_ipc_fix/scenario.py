@@ -229,6 +229,8 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             if rank == 0:  # checked: free the disk
                 for path in checked:
                     shutil.rmtree(path, ignore_errors=True)
+            if checked and world_size > 1:
+                dist.barrier()  # the next step starts together, so no rank times the deletion
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     report["releases_total"] = nvrx_ipc_fix.status().releases
