@@ -10,9 +10,9 @@ off must still be able to activate by ``import nvrx_ipc_fix`` later. Standard li
 import os
 import sys
 
-#: Values of ``NVRX_IPC_FIX_AUTO`` (``nvrx_ipc_fix._config.AUTO``) that turn start-up
-#: activation off; ``_config.auto()`` agrees (a test checks).
-OFF = ("0", "false", "no", "off")
+#: Values of ``NVRX_IPC_FIX_AUTO`` (``nvrx_ipc_fix._config.AUTO``) that leave start-up
+#: activation on; any other value turns it off. ``_config.auto()`` agrees (a test checks).
+ON = ("", "1", "true", "yes", "on")
 
 #: How start-up activation was attempted in this process (``pth``, ``sitecustomize``), in order.
 ran = []
@@ -27,7 +27,7 @@ def run(how="pth"):
         return
     ran.append(how)
     try:
-        if os.environ.get("NVRX_IPC_FIX_AUTO", "").strip().lower() in OFF:
+        if os.environ.get("NVRX_IPC_FIX_AUTO", "").strip().lower() not in ON:
             return
         fresh = "nvrx_ipc_fix" not in sys.modules
         import nvrx_ipc_fix._lifecycle

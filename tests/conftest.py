@@ -27,11 +27,16 @@ except metadata.PackageNotFoundError:
 #: What each NVRx release does without the package (measured; see nvrx-compat.md).
 EXPECT = {
     #        cache   stale after replace   hang after close   pointer check (PR #314)
-    "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False),
-    "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False),
-    "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False),
-    "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True),
+    #        worker_loop: the worker calls PersistentAsyncCaller.async_process_target by name
+    "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False),
+    "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False),
+    "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False, worker_loop=True),
+    "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True, worker_loop=True),
 }
+try:
+    MCORE = metadata.version("megatron-core")
+except metadata.PackageNotFoundError:
+    MCORE = None
 
 needs_nvrx = pytest.mark.skipif(NVRX is None, reason="nvidia-resiliency-ext is not installed "
                                 "in this tox env (the nonvrx env)")

@@ -160,7 +160,7 @@ def test_auto_values_mean_the_same_before_and_after_import(venv):
         same = []
         for value in {values!r}:
             os.environ["NVRX_IPC_FIX_AUTO"] = value
-            same.append((value.strip().lower() in startup.OFF) == (not _config.auto()))
+            same.append((value.strip().lower() in startup.ON) == _config.auto())
         print(json.dumps(same))
     """)
     assert all(seen)

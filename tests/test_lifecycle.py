@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from conftest import NVRX, expect, needs_nvrx, run_python
+from conftest import MCORE, NVRX, expect, needs_nvrx, run_python
 
 pytestmark = needs_nvrx
 
@@ -19,6 +19,8 @@ CHECKER = """
 import importlib, json, sys
 STEPS = {steps!r}
 SITES = {{"close": ("{core}", "PersistentAsyncCaller"),
+          "is_current_async_call_done": ("{core}", "PersistentAsyncCaller"),
+          "schedule_async_request": ("{core}", "AsyncCallsQueue"),
           "prepare_write_data": ("{fs}", "FileSystemWriterAsync")}}
 innermost, log = {{}}, []
 
@@ -37,7 +39,7 @@ def observe():
     if "nvrx_ipc_fix" in sys.modules:
         status = sys.modules["nvrx_ipc_fix"].status()
         seen["activated"] = status.activated
-        seen["targets"] = {{t.target.split(":")[1]: str(t.state) for t in status.targets}}
+        seen["targets"] = {{f"{{t.fix}} {{t.target}}": str(t.state) for t in status.targets}}
     return seen
 
 for step in STEPS:
@@ -63,18 +65,30 @@ def run_steps(steps, env=None):
 def expected_depths(active, imported):
     """How many of our wrappers sit on each NVRx method in that state."""
     on = active and imported
-    return {"close": int(on and expect("cache")),
+    return {"close": int(on) + int(on and expect("cache")),  # worker_watch, clear_on_close
+            "is_current_async_call_done": int(on), "schedule_async_request": int(on),
             "prepare_write_data": int(on and expect("cache") and not expect("upstream_ptrs"))}
 
 
-def expected_state(active, imported, target):
+def expected_state(active, imported, key):
+    """The state of target ``key`` ("fix module:attr") in that state, read off the table."""
+    fix, target = key.split(" ")
+    module, attr = target.split(":")
     if not active:
         return "disabled"
+    if fix == "mcore_worker_watch":
+        return "pending" if MCORE else "not_applicable"  # megatron-core: never imported here
+    if module not in (CORE, FS):  # Megatron, Bridge and NeMo RL targets: not installed here
+        return "pending" if expect("cache") else "not_applicable"
     if not imported:
         return "pending"
+    if fix == "worker_watch":
+        if attr == "PersistentAsyncCaller.async_process_target":
+            return "active" if expect("worker_loop") else "not_applicable"
+        return "active"  # every NVRx with a persistent worker
     if not expect("cache"):
         return "not_applicable"
-    if target == "FileSystemWriterAsync.prepare_write_data" and expect("upstream_ptrs"):
+    if attr == "FileSystemWriterAsync.prepare_write_data" and expect("upstream_ptrs"):
         return "fixed_upstream"
     return "active"
 
@@ -104,12 +118,7 @@ def test_lifecycle_order(steps):
         if "targets" in seen:
             assert seen["activated"] is active
             for target, state in seen["targets"].items():
-                if not target.startswith(("PersistentAsyncCaller", "FileSystemWriterAsync")):
-                    # Megatron, Bridge and NeMo RL targets: not installed here
-                    wanted_state = "pending" if expect("cache") else "not_applicable"
-                    assert state == (wanted_state if active else "disabled"), (steps, step)
-                else:
-                    assert state == expected_state(active, imported, target), (steps, step)
+                assert state == expected_state(active, imported, target), (steps, step, target)
 
 
 def test_kill_switch_patches_nothing():
@@ -120,19 +129,30 @@ def test_kill_switch_patches_nothing():
         assert seen["activated"] is False
 
 
-@pytest.mark.skipif(NVRX not in ("0.6.0", "0.7.0"), reason="needs a patched close()")
+@pytest.mark.skipif(NVRX not in ("0.6.0", "0.7.0"), reason="needs two fixes on close()")
 def test_foreign_wrapper_on_top_is_kept_and_we_go_inert():
     log = dict((s, o) for s, o in run_steps(
         ["pkg", "nvrx", "foreign", "deactivate", "activate", "deactivate"]))
-    assert log["foreign"]["close"]["depth"] == 2
-    assert log["deactivate"]["close"]["depth"] == 2  # left in their chain, switched off
-    assert log["deactivate"]["targets"]["PersistentAsyncCaller.close"] == "disabled"
-    assert log["activate"]["close"]["depth"] == 2  # re-enabled, never stacked
+    close = f"{CORE}:PersistentAsyncCaller.close"
+    assert log["foreign"]["close"]["depth"] == 3  # worker_watch, clear_on_close, theirs
+    assert log["deactivate"]["close"]["depth"] == 3  # left in their chain, switched off
+    assert log["deactivate"]["targets"][f"clear_on_close {close}"] == "disabled"
+    assert log["deactivate"]["targets"][f"worker_watch {close}"] == "disabled"
+    assert log["activate"]["close"]["depth"] == 3  # re-enabled, never stacked
 
 
-def test_fix_disabled_by_name():
-    log = run_steps(["pkg", "nvrx"], env={"NVRX_IPC_FIX_DISABLE": "stale_guard"})
+@pytest.mark.parametrize("fix", ["stale_guard", "worker_watch", "STALE_GUARD , clear_on_close"])
+def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
+    log = run_steps(["pkg", "nvrx"], env={"NVRX_IPC_FIX_DISABLE": fix})
+    names = {name.strip().lower() for name in fix.split(",")}
+    for step, seen in log:
+        for key, state in seen["targets"].items():
+            if key.split(" ")[0] in names:
+                assert state == "disabled", (step, key)
+            else:
+                assert state != "disabled", (step, key)
     seen = log[-1][1]
-    assert seen["prepare_write_data"]["depth"] == 0
-    assert seen["targets"]["FileSystemWriterAsync.prepare_write_data"] == "disabled"
-    assert seen["close"]["depth"] == int(expect("cache"))
+    assert seen["prepare_write_data"]["depth"] == int(
+        "stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
+    assert seen["close"]["depth"] == (int("worker_watch" not in names)
+                                      + int("clear_on_close" not in names and expect("cache")))

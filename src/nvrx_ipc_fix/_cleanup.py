@@ -70,27 +70,8 @@ def cached_key_count() -> int:
         return 0
 
 
-def clear_trainer_caches(reason: str, free_before: int | None = None) -> Cleanup | None:
-    """Empty the writer's caches, collect garbage and release CUDA IPC blocks.
-
-    ``free_before`` is the device's free memory measured before the worker was closed,
-    so the log line counts what the close and the cleanup freed together.
-    Returns ``None`` when re-entered (a ``__del__`` run by our own ``gc.collect()``).
-    """
-    if getattr(_busy, "active", False):
-        return None
-    _busy.active = True
-    try:
-        return _clear(reason, free_before)
-    finally:
-        _busy.active = False
-
-
-def _clear(reason: str, free_before: int | None) -> Cleanup:
-    start = time.perf_counter()
-    if free_before is None:
-        free_before = device_free_bytes()
-    keys = cached_key_count()
+def forget_keys() -> None:
+    """Empty the writer's caches (in place): the next save sends full tensors."""
     writer = writer_class()
     if writer is not None:
         cleanup = getattr(writer, "cleanup_tensor_caches", None)
@@ -101,6 +82,31 @@ def _clear(reason: str, free_before: int | None) -> Cleanup:
             if cache:
                 cache.clear()
     _stale_guard.forget_all()
+
+
+def clear_trainer_caches(reason: str, free_before: int | None = None,
+                         keys: int | None = None) -> Cleanup | None:
+    """Empty the writer's caches, collect garbage and release CUDA IPC blocks.
+
+    ``free_before`` is the device's free memory measured before the worker was closed,
+    so the log line counts what the close and the cleanup freed together.
+    Returns ``None`` when re-entered (a ``__del__`` run by our own ``gc.collect()``).
+    """
+    if getattr(_busy, "active", False):
+        return None
+    _busy.active = True
+    try:
+        return _clear(reason, free_before, keys)
+    finally:
+        _busy.active = False
+
+
+def _clear(reason: str, free_before: int | None, keys: int | None) -> Cleanup:
+    start = time.perf_counter()
+    if free_before is None:
+        free_before = device_free_bytes()
+    keys = cached_key_count() if keys is None else keys
+    forget_keys()
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and free_before is not None:

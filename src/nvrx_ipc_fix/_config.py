@@ -1,18 +1,21 @@
 """Every ``NVRX_IPC_FIX_*`` environment variable: name, default, parser.
 
 Values are read when they are needed, so a launcher or a test can change them between
-activations. An invalid value gives one ``RuntimeWarning`` (shown on stderr by default,
-unlike our logger) and falls back to the default.
+activations. Case and surrounding blanks do not matter. An invalid value gives one
+``RuntimeWarning`` (shown on stderr by default, unlike our logger) and the default, except
+for the two switches, where a value that is not understood turns the thing off.
 """
 
 import os
 
 #: ``1``/``true``/``yes``/``on`` turns the package off; a comma list of fix names
-#: (``clear_on_close,stale_guard``) turns off only those fixes. Default: everything on.
+#: (``clear_on_close,stale_guard``) turns off only those fixes. Any other value turns the
+#: whole package off too (with a warning): a kill switch errs on the side of off.
 DISABLE = "NVRX_IPC_FIX_DISABLE"
 #: ``0``/``false``/``no``/``off`` turns start-up activation (the ``.pth`` file, the
 #: sitecustomize fallback) off; ``import nvrx_ipc_fix``, ``activate()`` and the Ray hook still
-#: activate. Default: on. Read before the package is imported, by ``_nvrx_ipc_fix_startup``.
+#: activate. Default: on. A value that is not understood turns it off as well. Read before
+#: the package is imported, by ``_nvrx_ipc_fix_startup``.
 AUTO = "NVRX_IPC_FIX_AUTO"
 #: ``debug``/``info``/``warning``/``error``: attach a stderr handler to the
 #: ``nvrx_ipc_fix`` logger at that level. Default: no handler (a ``NullHandler`` only).
@@ -20,16 +23,21 @@ LOG_LEVEL = "NVRX_IPC_FIX_LOG_LEVEL"
 
 #: ``flush`` (default: keep the worker) or ``terminate``: what ``release()`` does by default.
 STRATEGY = "NVRX_IPC_FIX_STRATEGY"
-#: Seconds ``release()`` waits for the worker before terminating it. Default 60.
+#: Seconds ``release()`` waits for the worker before terminating it. Default 60; ``inf``:
+#: no limit (a worker that dies still ends the wait).
 RELEASE_TIMEOUT = "NVRX_IPC_FIX_RELEASE_TIMEOUT"
 #: When to release automatically: ``offload`` (default: before the frameworks move model or
 #: optimizer storage), ``finalize`` (also after every blocking ``maybe_finalize_async_save``),
-#: ``never``.
+#: ``never`` (also ``off``, ``0``, ``false``, ``no``, ``none``).
 RELEASE = "NVRX_IPC_FIX_RELEASE"
+#: Seconds a rank may wait on a live worker that makes no progress, or in NVRx's finalize
+#: all-reduce, before the package logs an ERROR (and a WARNING once the wait ends).
+#: Default 300; ``0`` or ``inf``: never.
+STALL_TIMEOUT = "NVRX_IPC_FIX_STALL_TIMEOUT"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
-_LEVELS = ("debug", "info", "warning", "error")
+_LEVELS = ("debug", "info", "warning", "error", "critical")
 _handler = None
 _warned = set()
 
@@ -50,21 +58,22 @@ def disabled_fixes(known):
     if raw in _TRUE:
         return None
     names = {part.strip() for part in raw.split(",") if part.strip()}
-    unknown = names.difference(known)
-    if unknown:
-        _invalid(DISABLE, raw, f"names unknown fixes {sorted(unknown)} (known: "
-                 f"{', '.join(known)}, or 1 for all); ignoring those")
-    return frozenset(names.intersection(known))
+    unknown = sorted(names.difference(known))
+    if unknown or not names:
+        _invalid(DISABLE, raw, f"is not understood (unknown: {', '.join(unknown) or raw!r}; "
+                 f"use 1, or a comma list of {', '.join(known)}); the whole package is off")
+        return None
+    return frozenset(names)
 
 
 def auto():
     """Whether start-up activation is on (``NVRX_IPC_FIX_AUTO``)."""
     raw = os.environ.get(AUTO, "").strip().lower()
-    if raw and raw in _FALSE:
-        return False
-    if raw and raw not in _TRUE:
-        _invalid(AUTO, raw, "is not 0 or 1; start-up activation stays on")
-    return True
+    if raw in _TRUE or not raw:
+        return True
+    if raw not in _FALSE:
+        _invalid(AUTO, raw, "is not 0 or 1; start-up activation is off")
+    return False
 
 
 def configure_logging():
@@ -105,17 +114,46 @@ def strategy():
 
 def release_policy():
     """When the package releases on its own: ``offload``, ``finalize`` or ``never``."""
+    if os.environ.get(RELEASE, "").strip().lower() in _FALSE - {""} | {"none"}:
+        return "never"
     return _choice(RELEASE, ("offload", "finalize", "never"), "offload")
 
 
-def release_timeout():
-    """Seconds to wait for the worker during ``release()``."""
-    raw = os.environ.get(RELEASE_TIMEOUT, "").strip()
+def seconds(value, what, allow_zero=False):
+    """``value`` as a number of seconds: a real number > 0 (>= 0 with ``allow_zero``), or
+    infinity (no limit); anything else raises ``ValueError`` naming the allowed range."""
+    import numbers
+
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float: no limit
+            number = float("inf")
+        if number > 0 or (allow_zero and number == 0):  # NaN fails both
+            return number
+    bound = ">= 0" if allow_zero else "> 0"
+    raise ValueError(f"{what} must be a number of seconds {bound} (inf: no limit), "
+                     f"not {value!r}")
+
+
+def _seconds_env(name, default, allow_zero=False):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
     try:
-        value = float(raw) if raw else 60.0
-        if value <= 0:
-            raise ValueError
-        return value
+        return seconds(float(raw), name, allow_zero)
     except ValueError:
-        _invalid(RELEASE_TIMEOUT, raw, "is not a positive number of seconds; using 60")
-        return 60.0
+        _invalid(name, raw, f"is not a number of seconds {'>= 0' if allow_zero else '> 0'} "
+                 f"(or inf); using {default:g}")
+        return default
+
+
+def release_timeout():
+    """Seconds to wait for the worker during ``release()`` (infinity: no limit)."""
+    return _seconds_env(RELEASE_TIMEOUT, 60.0)
+
+
+def stall_timeout():
+    """Seconds of no progress before the stall ERROR; infinity when turned off."""
+    value = _seconds_env(STALL_TIMEOUT, 300.0, allow_zero=True)
+    return float("inf") if value == 0 else value

@@ -83,7 +83,7 @@ def deactivate():
     global _active
     with _lock:
         _active = False
-        for target, patch in list(_patches.items()):
+        for target, patch in reversed(list(_patches.items())):  # the outermost first
             if vars(patch.owner).get(patch.name) is patch.wrapper:
                 setattr(patch.owner, patch.name, patch.original)
                 for module, alias in patch.aliases:
@@ -148,9 +148,10 @@ def _shape_problem(original, params):
 
     if original is None:
         return "not found"
-    if not inspect.isfunction(original):
+    function = original.__func__ if isinstance(original, staticmethod) else original
+    if not inspect.isfunction(function):
         return f"expected a plain function, found {type(original).__name__}"
-    found = tuple(inspect.signature(original).parameters)[: len(params)]
+    found = tuple(inspect.signature(function).parameters)[: len(params)]
     if found != params:
         return f"its parameters {found} are not the expected {params}"
     return None
@@ -233,6 +234,8 @@ def _target_state(target, State):
     if target in _verdicts:
         state, reason = _verdicts[target]
         return State(state), reason
+    if target.fix in (_config.disabled_fixes(tuple(FIXES)) or ()):
+        return State.DISABLED, f"{_config.DISABLE} names {target.fix}"
     known = target.applies(None)
     if known is not None and known[0] != "active":
         return State(known[0]), known[1]

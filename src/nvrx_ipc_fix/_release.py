@@ -13,6 +13,7 @@ itself is rank-local: it does not go through ``AsyncCallsQueue`` bookkeeping.
 """
 
 import sys
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -24,7 +25,6 @@ from ._detect import CORE
 from ._log import logger
 
 STRATEGIES = ("flush", "terminate")
-_SENTINEL = -7331  # call_idx of our request; NVRx's own requests count up from 0
 
 
 @dataclass(frozen=True)
@@ -53,15 +53,23 @@ class ReleaseReport:
 
 
 def check_strategy(strategy):
-    if strategy not in STRATEGIES:
+    """``strategy`` (any case) as one of ``STRATEGIES``, or ``ValueError``."""
+    name = strategy.strip().lower() if isinstance(strategy, str) else strategy
+    if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
-    return strategy
+    return name
 
 
 #: Set on a queue by ``fakecuda``: its worker runs in CPU-shm mode only to stay off CUDA,
 #: while its writers take the IPC path (shared memory standing in for CUDA IPC).
 STAND_IN = "_nvrx_ipc_fix_stand_in"
 _released_at = weakref.WeakKeyDictionary()  # queue -> its call_idx at the last release
+_local = threading.local()
+
+
+def releasing() -> bool:
+    """Is this thread inside ``release()`` (named by the collective-wait report)?"""
+    return getattr(_local, "depth", 0) > 0
 
 
 def holds_ipc(queue) -> bool:
@@ -85,20 +93,39 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
 
     ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
     ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``) or ``"terminate"``.
-    ``timeout``: seconds to wait for the worker (default ``NVRX_IPC_FIX_RELEASE_TIMEOUT``
-    or 60); a worker that does not answer is terminated and the report says so.
+    ``timeout``: seconds > 0 to wait for the worker (default
+    ``NVRX_IPC_FIX_RELEASE_TIMEOUT`` or 60; ``math.inf``: until it answers or dies); a
+    worker that does not answer is terminated and the report says so.
+    Arguments are checked before anything is touched. Interrupted at any step, it leaves
+    NVRx as usable as before: the next save succeeds (with a fresh worker, if needed).
     """
-    strategy = check_strategy(strategy or _config.strategy())
-    timeout = _config.release_timeout() if timeout is None else float(timeout)
+    strategy = check_strategy(_config.strategy() if strategy is None else strategy)
+    timeout = (_config.release_timeout() if timeout is None
+               else _config.seconds(timeout, "timeout"))
+    if queue is not None and not callable(getattr(queue, "maybe_finalize_async_calls", None)):
+        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
+                        f"{type(queue).__name__}")
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        return _release(queue, strategy, timeout)
+    finally:
+        _local.depth -= 1
+
+
+def _release(queue, strategy, timeout):
     start = time.perf_counter()
     free_before = _cleanup.device_free_bytes()
     core = sys.modules.get(CORE)
-    if core is None or not hasattr(core.PersistentAsyncCaller, "_worker_data_cache"):
-        why = "NVRx is not imported" if core is None else "this NVRx has no worker cache"
+    caller_class = getattr(core, "PersistentAsyncCaller", None)  # None while being imported
+    if caller_class is None or not hasattr(caller_class, "_worker_data_cache"):
+        why = "NVRx is not imported" if caller_class is None else "this NVRx has no worker cache"
         return ReleaseReport(strategy, 0, time.perf_counter() - start, 0, False, False, 0,
                              (f"all: {why}",))
+    if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
+        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
+                        f"{type(queue).__name__}")
     queues = [queue] if queue is not None else core.AsyncCallsQueue.get_instances()
-    trainer_cache = core.PersistentAsyncCaller._worker_data_cache  # the sync path's
+    trainer_cache = caller_class._worker_data_cache  # the sync path's
     keys = _cleanup.cached_key_count() + len(trainer_cache)
     skipped, errors, released, kept, terminated = [], [], 0, False, False
     if not queues:
@@ -110,25 +137,27 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
             continue
         if q.get_num_unfinalized_calls():
             q.maybe_finalize_async_calls(blocking=True)  # collective: all ranks, same order
-        _released_at[q] = q.call_idx
         if not has_live_worker(q):
+            _released_at[q] = q.call_idx
             skipped.append(f"{label}: no live worker")
             continue
+        _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
         if strategy == "terminate":
             q.close()
             terminated = True
         else:
             from ._worker import drop_cache
 
-            error = run_in_worker(core, q, drop_cache, (), timeout)
+            error = run_in_worker(q, drop_cache, (), timeout)
             if error:
                 errors.append(f"{label}: {error}")
                 terminated = True
             else:
                 kept = True
+        _released_at[q] = q.call_idx
         released += 1
     trainer_cache.clear()
-    cleaned = _cleanup.clear_trainer_caches(f"release ({strategy})", free_before)
+    cleaned = _cleanup.clear_trainer_caches(f"release ({strategy})", free_before, keys)
     freed = (cleaned.freed_bytes or 0) if cleaned is not None else 0
     report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,
                            terminated, keys, tuple(skipped), "; ".join(errors) or None)
@@ -142,25 +171,52 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
     return report
 
 
-def run_in_worker(core, queue, function, args, timeout):
+def run_in_worker(queue, function, args, timeout):
     """Run ``function(*args)`` in ``queue``'s idle worker; return an error or ``None``.
 
-    The request goes straight onto the worker's queue and its completion is read from
-    the worker's completion queue, so ``AsyncCallsQueue`` bookkeeping (and its
-    collectives) is untouched. A worker that does not answer within ``timeout`` is
-    aborted with its queues (``close(abort=True)``), so that neither our request nor a
-    late answer can be taken for a later save's.
+    The request goes straight onto the worker's queue and its answer is read from the
+    worker's completion queue, so ``AsyncCallsQueue`` bookkeeping (and its collectives) is
+    untouched. Unless the answer was read (a timeout, the worker's death, an exception or
+    an interrupt here), the worker's state is unknown and a late answer could be taken for
+    a save's: the worker is aborted (or, dead, let go) and the next save starts a fresh one.
     """
+    from ._worker_watch import SENTINEL, abandon, forget_caller, process_of
+
     caller = queue.persistent_caller
-    caller.queue.put(core.AsyncRequest(function, tuple(args), [], call_idx=_SENTINEL))
+    core = sys.modules[type(caller).__module__]
+    answered = False
     try:
-        done = caller.comp_q.get(timeout=timeout)
-    except Empty:
-        queue.close(abort=True)
-        return f"the worker did not answer within {timeout:g} s and was terminated"
-    if done != _SENTINEL:
-        return f"the worker answered {done!r} instead of our request"
-    return None
+        caller.queue.put(core.AsyncRequest(function, tuple(args), [], call_idx=SENTINEL))
+        error, answered = _answer(caller, process_of(caller), timeout)
+        return error
+    finally:
+        if not answered:
+            process = process_of(caller)
+            if process is not None and process.is_alive():
+                queue.close(abort=True)
+            else:
+                abandon(caller)
+                forget_caller(queue, caller)
+
+
+def _answer(caller, process, timeout):
+    """Wait for the worker's answer to our request: ``(error or None, answered)``."""
+    from ._worker_watch import SENTINEL, describe_exit
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return f"the worker did not answer within {timeout:g} s and was terminated", False
+        try:
+            done = caller.comp_q.get(timeout=min(left, 0.2))
+        except Empty:
+            if process is not None and process.exitcode is not None:
+                return f"the worker died ({describe_exit(process.exitcode)})", False
+            continue
+        if done == SENTINEL:
+            return None, True
+        return f"the worker answered {done!r} instead of our request", False
 
 
 @contextmanager

@@ -17,6 +17,10 @@ FIXES = {
     "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
     "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL moves model "
                           "or optimizer storage (NVRX_IPC_FIX_RELEASE)",
+    "worker_watch": "a dead NVRx checkpoint worker becomes a CheckpointWorkerError on every "
+                    "rank, a stuck one an ERROR log line (NVRX_IPC_FIX_STALL_TIMEOUT)",
+    "mcore_worker_watch": "the same for megatron-core's own persistent checkpoint worker "
+                          "(async_strategy='mcore')",
 }
 
 
@@ -70,6 +74,41 @@ def writer_cache(fs):
     return "active", "NVRx caches IPC handles without checking the storage"
 
 
+def persistent_worker(module):
+    """NVRx core or megatron-core async_utils: is there a persistent worker we can watch?"""
+    if module is None:
+        return None
+    caller = getattr(module, "PersistentAsyncCaller", None)
+    if caller is None or not hasattr(module, "AsyncCallsQueue"):
+        return "not_applicable", "this version has no persistent checkpoint worker"
+    from ._worker_watch import queue_names
+
+    if queue_names(caller) is None:
+        return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
+    return "active", "waits on the persistent worker end when it dies; stalls are reported"
+
+
+def mcore_persistent_worker(module):
+    """megatron-core: as ``persistent_worker``; without megatron-core, not applicable."""
+    if module is None and distribution_version("megatron-core") is None:
+        return "not_applicable", "megatron-core is not installed"
+    return persistent_worker(module)
+
+
+def worker_loop(module):
+    """NVRx core: does the worker call ``async_process_target`` by name (never pickled)?"""
+    if module is None:
+        return None
+    caller = getattr(module, "PersistentAsyncCaller", None)
+    if caller is None or "async_process_target" not in vars(caller):
+        return "not_applicable", ("no PersistentAsyncCaller.async_process_target: the worker's "
+                                  "traceback stays on stderr")
+    start = vars(caller).get("_start_worker")
+    if start is None or "async_process_target" in start.__code__.co_names:
+        return "unsupported", "async_process_target may be the worker's Process target (pickled)"
+    return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
+
+
 class Target:
     """One function or method to wrap."""
 
@@ -97,7 +136,30 @@ BRIDGE = "megatron.bridge.training.checkpointing"
 NEMO_POLICY = "nemo_rl.models.policy.workers.megatron_policy_worker"
 NEMO_VALUE = "nemo_rl.models.value.workers.megatron_value_worker"
 
-TARGETS = (
+MCORE_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
+
+
+def _watch(fix, module, applies):
+    """The worker-watch targets of one implementation (NVRx core or megatron-core's copy)."""
+    wrapper = "_worker_watch:{}".format
+    return (
+        Target(fix, module, "AsyncCallsQueue.schedule_async_request", wrapper("schedule_wrapper"),
+               ("self", "async_request"), applies),
+        Target(fix, module, "AsyncCallsQueue.maybe_finalize_async_calls",
+               wrapper("finalize_wrapper"), ("self", "blocking", "no_dist"), applies),
+        Target(fix, module, "PersistentAsyncCaller.is_current_async_call_done",
+               wrapper("done_wrapper"), ("self", "blocking", "no_dist"), applies),
+        Target(fix, module, "PersistentAsyncCaller.close", wrapper("close_wrapper"), ("self",),
+               applies),
+    )
+
+
+# The watch's close wrapper comes first, so that it sits under clear_on_close's.
+TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
+    Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
+           "_worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
+           worker_loop),
+) + _watch("mcore_worker_watch", MCORE_ASYNC, mcore_persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
            "_clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
     Target("clear_on_close", MEGATRON, "maybe_finalize_async_save",

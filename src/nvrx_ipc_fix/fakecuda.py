@@ -11,6 +11,8 @@ This is the only fake in the tests and the demo, and it fakes only the device:
   ``torch.cuda.current_device()``; ``install()`` points that at the CPU in the trainer,
   where a gloo process group all-reduces them.
 * Loading a checkpoint the worker wrote needs ``FakeCudaTensor`` among torch's safe globals.
+* megatron-core's worker sets a CUDA device before anything else: ``install(forked_worker=True)``
+  makes that harmless in a worker forked from the trainer (the scenario forks it there).
 * NVRx 0.4.1 and 0.5.0 call ``torch.cuda.synchronize()`` in the worker after every copy,
   and NeMo RL's cleanup calls ``torch.cuda.ipc_collect()``; without CUDA there is nothing
   to wait for or collect, so importing this module (the worker does, to unpickle the
@@ -43,12 +45,19 @@ class FakeCudaTensor(torch.Tensor):
         return real
 
 
-def install():
-    """Make this process the trainer for ``FakeCudaTensor`` (idempotent)."""
+def install(forked_worker=False):
+    """Make this process the trainer for ``FakeCudaTensor`` (idempotent).
+
+    ``forked_worker``: megatron-core's worker calls ``torch.cuda.set_device(rank %
+    torch.cuda.device_count())`` first thing; for a worker forked from this process, make
+    both harmless (one "device", setting it does nothing)."""
     global _trainer_pid
     _trainer_pid = os.getpid()
     torch.cuda.current_device = lambda: "cpu"
     torch.serialization.add_safe_globals([FakeCudaTensor])
+    if forked_worker:
+        torch.cuda.device_count = lambda: 1
+        torch.cuda.set_device = lambda device: None
 
 
 def on_fake_device(tensor):

@@ -11,13 +11,18 @@ every tensor new storage, as ``model.to("cpu")`` and back does), ``offload`` and
 queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 ``deactivate`` (the package's own calls, to test late activation), ``flush`` and
 ``terminate`` (``nvrx_ipc_fix.release`` with that strategy), ``probe`` (ask the worker
-what it holds: its pid, cached keys and mapped shared-memory segments).
+what it holds: its pid, cached keys and mapped shared-memory segments), and
+``fault-<kind>`` or ``fault-<kind>@<rank>`` (a save whose worker fails as
+``nvrx_ipc_fix.faults.KINDS`` says, on every rank or only on ``<rank>``; the others save
+normally; the exception each rank saw is reported, and a rank whose save could not be
+handed over then finalizes, as a training loop does, so the failure reaches the others).
+``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue`` (persistent worker) instead.
 
-A watchdog turns a save into a reported hang when it has not finished within
-``--timeout`` seconds, or as soon as the worker it waits for has died (NVRx would wait
-for ever): it reports, kills the worker and exits. Uses CUDA when present, else ``fakecuda``. The tests
-and ``python -m nvrx_ipc_fix demo`` run it in a subprocess, with and without the fix
-(``NVRX_IPC_FIX_DISABLE=1``).
+A watchdog turns a step into a reported hang when it has not finished within
+``--timeout`` seconds, or a few seconds after the worker it waits for has died (NVRx would
+wait for ever): it reports, kills the worker and exits. Uses CUDA when present, else
+``fakecuda``. The tests and ``python -m nvrx_ipc_fix demo`` run it in a subprocess, with
+and without the fix (``NVRX_IPC_FIX_DISABLE=1``).
 """
 
 import argparse
@@ -25,9 +30,11 @@ import dataclasses
 import gc
 import inspect
 import json
+import logging
 import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -35,6 +42,7 @@ import time
 from functools import partial
 
 import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
+from nvrx_ipc_fix import faults
 
 import torch
 import torch.distributed as dist
@@ -45,17 +53,25 @@ def _kwargs_accepted(fn, **wanted):
     return {k: v for k, v in wanted.items() if k in params}
 
 
+#: ``--impl`` -> the module whose AsyncCallsQueue and AsyncRequest the trainer uses
+IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
+         "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
+STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
+
+
 class Trainer:
     """One rank: a state dict of ``n_tensors`` tensors and an NVRx queue."""
 
-    def __init__(self, directory, n_tensors=8, numel=4096, cached=True, rank=0, world_size=1):
-        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+    def __init__(self, directory, n_tensors=8, numel=4096, cached=True, rank=0, world_size=1,
+                 impl="nvrx"):
+        import importlib
 
+        core = self.core = importlib.import_module(IMPLS[impl])
         self.cuda = torch.cuda.is_available()
         if not self.cuda:
             from . import fakecuda
 
-            fakecuda.install()
+            fakecuda.install(forked_worker=impl == "mcore")
         self.directory = directory
         self.cached = cached
         self.numel = numel
@@ -70,8 +86,12 @@ class Trainer:
                                     world_size=world_size, init_method=init)
         self.queue = core.AsyncCallsQueue(**_kwargs_accepted(
             core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
-        if not self.cuda:
+        self.rank, self.impl = rank, impl
+        if impl == "mcore":
+            self.warm_up()
+        elif not self.cuda:
             fakecuda.mark_queue(self.queue)
+        self.phase = None  # "schedule" or "finalize" while a save runs
         self.state = {}
         self.replace()
         self.version = 0
@@ -116,11 +136,24 @@ class Trainer:
     def _expected(self, i, version):
         return float(version * 1000 + i)
 
-    def save(self, wait=True):
+    def warm_up(self):
+        """megatron-core: start its worker now (as Megatron does at start-up). Its worker
+        sets a CUDA device first thing: on the CPU it is forked from here (``fakecuda``)."""
+        if self.impl == "mcore" and self.core.PersistentAsyncCaller._persistent_process is None:
+            self.core.AsyncCallsQueue.warmup_persistent_caller(
+                self.rank, "spawn" if self.cuda else "fork")
+
+    def worker(self):
+        """The current worker process, if any."""
+        from ._worker_watch import caller_of, process_of
+
+        return process_of(caller_of(self.queue))
+
+    def save(self, wait=True, fault=None):
         """Save new values; return (seconds blocked, seconds in total or None, path, version).
 
-        ``wait=False`` leaves the save pending (finalized by a later step)."""
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+        ``wait=False`` leaves the save pending (finalized by a later step); ``fault``: a
+        ``faults.KINDS`` key, the worker fails that way during this save."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
             FileSystemWriterAsync,
         )
@@ -130,6 +163,7 @@ class Trainer:
         )
         from torch.distributed.checkpoint import DefaultSavePlanner
 
+        self.warm_up()  # megatron-core after a failure: the next worker, as at start-up
         self.version += 1
         with torch.no_grad():
             for i, name in enumerate(self.names):
@@ -141,15 +175,50 @@ class Trainer:
         writer, metadata, dist_wrapper = save_state_dict_async_plan(
             dict(self.state), writer, None, planner=DefaultSavePlanner())
         save_fn, preload_fn, save_args = writer.get_save_function_and_args()
+        save_fn, preload_fn = self._inject(fault, path, save_fn, preload_fn)
         finalize = partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper)
+        self.phase = "schedule"
         self.queue.schedule_async_request(
-            AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn))
+            self.core.AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn))
         blocked = time.perf_counter() - start
         if not wait:
             self.pending.append((path, self.version))
             return blocked, None, path, self.version
+        self.phase = "finalize"
         self.queue.maybe_finalize_async_calls(blocking=True)
+        self.phase = None
         return blocked, time.perf_counter() - start, path, self.version
+
+    def _inject(self, fault, path, save_fn, preload_fn):
+        """The request's functions with ``fault`` put in (see ``faults.KINDS``)."""
+        if fault == "preload":
+            preload_fn = partial(faults.fail, "preload_fn")
+        elif fault == "raise":
+            save_fn = partial(faults.fail, "async_fn")
+        elif fault == "exit":
+            save_fn = partial(faults.exit_now, 3)
+        elif fault == "kill":
+            save_fn = faults.kill_self
+        elif fault == "stop":
+            save_fn = partial(faults.stop_then, save_fn)
+            threading.Timer(STOP_SECONDS, self._continue_worker).start()
+        elif fault == "write":  # the checkpoint directory becomes a file
+            shutil.rmtree(path, ignore_errors=True)
+            open(path, "w").close()
+        elif fault == "idle":
+            worker = self.worker()
+            if worker is not None:
+                os.kill(worker.pid, signal.SIGKILL)
+                while worker.is_alive():
+                    time.sleep(0.05)
+        elif fault is not None:
+            raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
+        return save_fn, preload_fn
+
+    def _continue_worker(self):
+        worker = self.worker()
+        if worker is not None and worker.pid:
+            os.kill(worker.pid, signal.SIGCONT)
 
     def stale_tensors(self, path, version):
         """How many of this rank's tensors in the checkpoint at ``path`` are not ``version``'s."""
@@ -171,7 +240,7 @@ class Trainer:
         from ._worker import describe_cache
 
         path = os.path.join(self.directory, "probe.json")
-        error = run_in_worker(core, self.queue, describe_cache, (path,), 30)
+        error = run_in_worker(self.queue, describe_cache, (path,), 30)
         if error:
             raise RuntimeError(error)
         with open(path) as found:
@@ -183,24 +252,28 @@ EXTRA_STEPS = {}
 
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
-        world_size=1):
+        world_size=1, impl="nvrx"):
     """Run ``steps``; return the report (a JSON-ready dict)."""
     status = nvrx_ipc_fix.status()
     report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
               "nvrx": status.nvrx_version, "source": status.source, "fix": _fix_states(),
-              "steps": list(steps), "rank": rank, "saves": [], "hang": None}
-    trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size)
+              "steps": list(steps), "rank": rank, "impl": impl, "saves": [], "hang": None,
+              "log": []}
+    _capture_log(report["log"])
+    trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl)
+    watchdog = _Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
+        watchdog.begin(index)
         if step in ("save", "save-async"):
-            done = threading.Event()
-            watchdog = threading.Thread(target=_watch, args=(trainer, done, report, index,
-                                                              timeout), daemon=True)
-            watchdog.start()
             blocked, total, path, version = trainer.save(wait=step == "save")
-            done.set()
             report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
                                     "total_s": total and round(total, 4), "path": path,
                                     "version": version, "stale": None, "tensors": n_tensors})
+        elif step.startswith("fault-"):
+            outcome, saved = _fault(trainer, index, step, rank)
+            report.setdefault("faults", []).append(outcome)
+            if saved:  # the save went through (a stall, or another rank's fault that did not
+                report["saves"].append(dict(saved, tensors=n_tensors))  # reach this one)
         elif step in ("replace", "offload", "onload"):
             getattr(trainer, step)()
         elif step == "measure":
@@ -218,6 +291,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             EXTRA_STEPS[step](trainer)
         else:
             raise ValueError(f"unknown step {step!r}")
+        watchdog.end()
         if not trainer.queue.get_num_unfinalized_calls():  # verify what is finalized
             checked = []
             for save in report["saves"]:
@@ -234,32 +308,103 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     report["releases_total"] = nvrx_ipc_fix.status().releases
+    watchdog.begin(len(steps))  # the close at the end must not hang either
     trainer.close()
+    watchdog.end()
     return report
+
+
+def _fault(trainer, index, step, rank):
+    """One ``fault-<kind>[@<rank>]`` step: a save whose worker fails on the chosen ranks."""
+    kind, _, only = step[len("fault-"):].partition("@")
+    mine = not only or int(only) == rank
+    outcome = {"step": index, "fault": kind, "faulted": mine, "error": None, "raised_in": None,
+               "after_s": None, "finalize_error": None}
+    start, saved = time.monotonic(), None
+    try:
+        blocked, total, path, version = trainer.save(fault=kind if mine else None)
+        saved = {"step": index, "blocked_s": round(blocked, 4), "total_s": round(total, 4),
+                 "path": path, "version": version, "stale": None}
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        outcome.update(error=_describe(exc), raised_in=trainer.phase,
+                       after_s=round(time.monotonic() - start, 2))
+        if trainer.phase == "schedule":  # not handed over: the next finalize tells the others
+            try:
+                trainer.queue.maybe_finalize_async_calls(blocking=True)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as again:
+                outcome["finalize_error"] = _describe(again)
+    trainer.phase = None
+    return outcome, saved
+
+
+def _describe(exc):
+    return {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:400],
+            "worker_traceback": bool(getattr(exc, "worker_traceback", None)),
+            "failed_ranks": list(getattr(exc, "failed_ranks", ()) or ())}
+
+
+def _capture_log(records):
+    """Collect the package's WARNING and ERROR lines into ``records``."""
+    start = time.monotonic()
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append({"level": record.levelname, "message": record.getMessage()[:400],
+                            "t": round(time.monotonic() - start, 2)})
+
+    logging.getLogger("nvrx_ipc_fix").addHandler(Keep(logging.WARNING))
 
 
 def _fix_states():
     return {f.name: str(f.state) for f in nvrx_ipc_fix.status().fixes}
 
 
-def _watch(trainer, done, report, index, timeout):
-    """Watchdog of the save at ``index``: report a hang, kill the worker, exit."""
-    start = time.monotonic()
-    while not done.wait(0.2):
-        caller = getattr(trainer.queue, "persistent_caller", None)
-        worker = getattr(caller, "process", None)
-        died = worker is not None and worker.exitcode is not None
-        if died or time.monotonic() - start > timeout:
-            break
-    else:
-        return
-    report["hang"] = {"step": index, "after_s": round(time.monotonic() - start, 1),
-                      "worker_died": died}
-    report["fix"] = _fix_states()
-    for child in multiprocessing.active_children():
-        child.kill()
-    print(json.dumps(report), flush=True)
-    os._exit(0)
+class _Watchdog:
+    """Turns a step that does not end into a reported hang: after ``timeout`` seconds, or
+    a few seconds after the worker died (the package ends such a wait within about a
+    second; NVRx never does). It reports, kills the worker and exits."""
+
+    def __init__(self, trainer, report, timeout):
+        self.trainer, self.report, self.timeout = trainer, report, timeout
+        watched = _fix_states().get("worker_watch") == "active"
+        self.grace = 8.0 if watched else 0.5
+        self.step = self.started = self.died_at = None
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def begin(self, index):
+        self.step, self.started, self.died_at = index, time.monotonic(), None
+
+    def end(self):
+        self.step = None
+
+    def _run(self):
+        while True:
+            time.sleep(0.2)
+            step, now = self.step, time.monotonic()
+            if step is None:
+                continue
+            worker = self.trainer.worker()
+            if self.died_at is None and worker is not None and worker.exitcode is not None:
+                self.died_at = now
+            died = self.died_at is not None
+            if (died and now - self.died_at > self.grace) or now - self.started > self.timeout:
+                if step == self.step:
+                    self._hang(step, now, died)
+
+    def _hang(self, step, now, died):
+        self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
+                               "worker_died": died}
+        self.report["fix"] = _fix_states()
+        print(json.dumps(self.report), flush=True)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            time.sleep(self.timeout)  # stay hung, so that the other ranks see a hang too
+        for child in multiprocessing.active_children():
+            child.kill()
+        os._exit(0)
 
 
 def main(argv=None):
@@ -276,10 +421,12 @@ def main(argv=None):
     parser.add_argument("--dir", default=None, help="shared directory (several ranks)")
     parser.add_argument("--no-cache", action="store_true",
                         help="use_cached_data_structure=False (the reference)")
+    parser.add_argument("--impl", choices=tuple(IMPLS), default="nvrx",
+                        help="whose persistent worker: NVRx's or megatron-core's")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-") as scratch:
         report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
-                     args.numel, not args.no_cache, args.rank, args.world_size)
+                     args.numel, not args.no_cache, args.rank, args.world_size, args.impl)
     print(json.dumps(report), flush=True)
     return 0
 

@@ -1,0 +1,222 @@
+"""The monitor: one daemon thread that ends waits on a dead checkpoint worker and reports
+waits that make no progress.
+
+A *wait* is a stretch of trainer code that waits on its persistent checkpoint worker (the
+preload handshake of a save, a blocking finalize, a close) or in NVRx's finalize all-reduce.
+The waiting code registers it with ``watching()``. The thread sleeps in
+``multiprocessing.connection.wait`` on the workers' sentinels, so a death is seen at once:
+it records the exit code and calls the wait's ``unblock``. While a wait lasts it also wakes
+every ``tick`` to sample the worker's progress (CPU time and I/O of the worker and its
+descendants, from ``/proc``); after ``NVRX_IPC_FIX_STALL_TIMEOUT`` seconds without progress
+(for an all-reduce: without an end) it logs one ERROR, and one WARNING when the wait goes on.
+Between waits it sleeps on its wake-up pipe and samples nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from multiprocessing import connection
+
+from . import _config
+from ._log import logger
+
+
+class Wait:
+    """One registered wait (see the module doc)."""
+
+    __slots__ = ("where", "process_of", "unblock", "hint", "started", "exitcode", "progress",
+                 "progress_at", "stalled_at", "ended")
+
+    def __init__(self, where, process_of, unblock, hint):
+        self.where = where  # "the preload handshake of save #3", shown in log lines
+        self.process_of = process_of  # () -> the worker's multiprocessing.Process, or None
+        self.unblock = unblock  # called from the monitor thread when the worker has died
+        self.hint = hint  # the likely cause, for the stall ERROR of a wait with no worker
+        self.started = self.progress_at = time.monotonic()
+        self.exitcode = None  # set when the worker died during the wait
+        self.progress = None
+        self.stalled_at = None  # when the stall ERROR was logged
+        self.ended = False
+
+
+def rank():
+    """This process's rank in torch.distributed, else $RANK, else None."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        pass
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else None
+
+
+def started_process(process):
+    """``process`` if it is a started ``multiprocessing.Process``, else None."""
+    return process if getattr(process, "_popen", None) is not None else None
+
+
+def exitcode(process, settle=1.0):
+    """The exit code of a process whose sentinel fired (waits up to ``settle`` for the reap)."""
+    try:
+        process.join(settle)
+        return process.exitcode
+    except Exception:
+        return None
+
+
+class _Monitor:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.waits = []
+        self.thread = None
+        self.wake_r, self.wake_w = None, None
+
+    def add(self, wait):
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.wake_r, self.wake_w = os.pipe()
+                self.thread = threading.Thread(target=self._run, name="nvrx_ipc_fix-monitor",
+                                               daemon=True)
+                self.thread.start()
+            self.waits.append(wait)
+        self._wake()
+
+    def remove(self, wait):
+        with self.lock:
+            wait.ended = True
+            if wait in self.waits:
+                self.waits.remove(wait)
+        self.recovered(wait, "%s ended after %.0f s", wait.where,
+                       time.monotonic() - wait.started)
+        self._wake()
+
+    def recovered(self, wait, message, *args):
+        """The WARNING that follows a stall ERROR, once per stall."""
+        with self.lock:
+            if wait.stalled_at is None:
+                return
+            wait.stalled_at = None
+        logger.warning("rank %s: " + message, rank(), *args)
+
+    def _wake(self):
+        try:
+            os.write(self.wake_w, b"x")
+        except (OSError, TypeError):
+            pass
+
+    def _run(self):
+        while True:
+            with self.lock:
+                waits = list(self.waits)
+            bound = _config.stall_timeout() if waits else None
+            sentinels = {}
+            for wait in waits:
+                process = started_process(wait.process_of()) if wait.process_of else None
+                if process is not None and wait.exitcode is None:
+                    sentinels[process.sentinel] = (wait, process)
+            tick = None if not waits else min(1.0, max(0.05, bound / 4))
+            try:
+                ready = connection.wait([self.wake_r, *sentinels], tick)
+            except OSError:  # a sentinel closed under us: look again
+                continue
+            if self.wake_r in ready:
+                os.read(self.wake_r, 4096)
+            for handle in ready:
+                if handle in sentinels:
+                    self._died(*sentinels[handle])
+            now = time.monotonic()
+            for wait in waits:
+                self._check_progress(wait, now, bound)
+
+    def _died(self, wait, process):
+        wait.exitcode = exitcode(process)
+        if wait.exitcode is None:
+            wait.exitcode = -1  # gone, code unknown
+        if wait.unblock is not None:
+            try:
+                wait.unblock()
+            except Exception as exc:
+                logger.error("rank %s: could not end %s after the worker died: %s", rank(),
+                             wait.where, exc)
+
+    def _check_progress(self, wait, now, bound):
+        if wait.exitcode is not None:
+            return
+        process = started_process(wait.process_of()) if wait.process_of else None
+        if process is not None:
+            sample = progress(process.pid)  # None (no /proc): judged by time alone
+            if sample is not None and sample != wait.progress:
+                if wait.stalled_at is not None:
+                    self.recovered(wait, "the checkpoint worker (pid %s) makes progress "
+                                       "again in %s, after %.0f s", process.pid, wait.where,
+                                       now - wait.progress_at)
+                wait.progress, wait.progress_at = sample, now
+                return
+        with self.lock:
+            if wait.stalled_at is not None or now - wait.progress_at < bound or wait.ended:
+                return
+            wait.stalled_at = now
+        if process is not None:
+            logger.error("rank %s: %s has waited %.0f s on the checkpoint worker (pid %s), "
+                         "which is alive but made no progress (CPU or I/O) for %.0f s: stopped, "
+                         "swapping, or blocked on storage? (%s=%g s)", rank(), wait.where,
+                         now - wait.started, process.pid, now - wait.progress_at,
+                         _config.STALL_TIMEOUT, bound)
+        else:
+            logger.error("rank %s: %s has waited %.0f s: %s (%s=%g s)", rank(), wait.where,
+                         now - wait.started, wait.hint or "another rank has not reached it",
+                         _config.STALL_TIMEOUT, bound)
+
+    def reset_after_fork(self):
+        self.lock = threading.Lock()
+        self.waits, self.thread = [], None
+
+
+_monitor = _Monitor()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_monitor.reset_after_fork)
+
+
+@contextmanager
+def watching(where, process_of=None, unblock=None, hint=None):
+    """Register a wait for the ``with`` block; yields the ``Wait`` (``.exitcode`` is set if
+    the worker died during it)."""
+    wait = Wait(where, process_of, unblock, hint)
+    _monitor.add(wait)
+    try:
+        yield wait
+    finally:
+        _monitor.remove(wait)
+
+
+def progress(pid):
+    """CPU ticks plus I/O bytes of ``pid`` and its descendants, or None without /proc."""
+    total, seen, todo = 0, set(), [pid]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            with open(f"/proc/{current}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children", "rb") as children:
+                    todo.extend(int(child) for child in children.read().split())
+        except (OSError, ValueError, IndexError):
+            if current == pid:
+                return None
+            continue
+        try:
+            with open(f"/proc/{current}/io", "rb") as io:
+                total += sum(int(line.split()[1]) for line in io
+                             if line.startswith((b"rchar", b"wchar")))
+        except (OSError, ValueError, IndexError):
+            pass
+    return total

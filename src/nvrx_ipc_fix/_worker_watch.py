@@ -1,0 +1,471 @@
+"""Fixes ``worker_watch`` (NVRx) and ``mcore_worker_watch`` (megatron-core's copy): a dead
+persistent checkpoint worker becomes a ``CheckpointWorkerError`` on every rank instead of a
+wait for ever; a stuck one is reported (``_monitor``).
+
+NVRx's trainer waits on its worker in three places, none of them bounded: the preload
+handshake of a save (``preload_q.join()``), a blocking finalize (polling ``comp_q`` for
+ever) and ``close()`` (``queue.join()``). Wrapped here, on the classes (nothing NVRx pickles
+into the worker is touched):
+
+* ``AsyncCallsQueue.schedule_async_request``: the handshake is watched; if the worker dies
+  (or was dead before the save), the save is taken back, this rank raises at once, and the
+  failure is kept for the next finalize.
+* ``PersistentAsyncCaller.is_current_async_call_done``: the same protocol as NVRx's (one
+  int all-reduce over ranks, the same tensor), but the local wait ends when the worker
+  dies, a completion is accepted only for the save being finalized (never an older one, nor
+  ``release()``'s), and a failure adds ``FAILED`` to the all-reduced value, so every rank
+  learns of it in the collective NVRx makes anyway and raises.
+* ``AsyncCallsQueue.maybe_finalize_async_calls``: drops the failed save (it is never
+  finalized) and, once the saves before it are finalized, sends a failure kept from the
+  handshake through that same all-reduce.
+* ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
+  dies during the close ends the wait.
+* ``PersistentAsyncCaller.async_process_target`` (NVRx 0.6.0+, in the worker only, where it
+  is called by name and never pickled): writes the traceback of an uncaught exception to a
+  file the trainer reads for its error.
+
+After a failure the dead worker's queues are closed, the queue forgets the caller (the next
+save spawns a fresh worker) and the trainer-side caches are cleared (it sends full tensors).
+Nothing here waits or talks to other ranks while the interpreter shuts down.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import os
+import sys
+import tempfile
+import traceback
+import weakref
+from queue import Empty
+
+from . import _cleanup, _monitor
+from ._errors import CheckpointWorkerError
+from ._log import hook_failed, logger
+
+#: Added to NVRx's "still writing" count by a rank whose worker failed; the all-reduced sum
+#: then tells every rank (up to 2047 failed ranks decode exactly; more still read as failed).
+FAILED = 1 << 20
+#: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
+SENTINEL = -7331
+#: Where the worker leaves the traceback of its last uncaught exception.
+TRACEBACK_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.traceback"
+
+
+class _CallerState:
+    """What the watch knows about one persistent caller."""
+
+    __slots__ = ("outstanding", "__weakref__")
+
+    def __init__(self):
+        self.outstanding = collections.deque()  # call_idx scheduled, completion not consumed
+
+
+_callers = weakref.WeakKeyDictionary()  # caller -> _CallerState
+_failed = weakref.WeakKeyDictionary()  # AsyncCallsQueue -> [CheckpointWorkerError] to finalize
+
+
+def _state(caller):
+    state = _callers.get(caller)
+    if state is None:
+        state = _callers[caller] = _CallerState()
+    return state
+
+
+# -- the two implementations: NVRx's caller and megatron-core's ----------------------------
+
+def caller_of(queue):
+    """The queue's persistent caller (NVRx: per queue; megatron-core: per process)."""
+    return getattr(queue, "persistent_caller", None) or getattr(queue, "_persistent_caller",
+                                                                 None)
+
+
+def process_of(caller):
+    """The caller's worker process, or the class-level one megatron-core warms up."""
+    if caller is None:
+        return None
+    return (getattr(caller, "process", None)
+            or getattr(type(caller), "_persistent_process", None))
+
+
+def queues_of(caller):
+    """``(request queue, preload queue, completion queue)`` of the caller."""
+    if caller is None:
+        return None, None, None
+    if hasattr(caller, "preload_q"):
+        return caller.queue, caller.preload_q, caller.comp_q
+    return (getattr(caller, "_persistent_queue", None),
+            getattr(caller, "_persistent_preload_q", None),
+            getattr(caller, "_persistent_comp_q", None))
+
+
+def queue_names(caller_class):
+    """The caller's queue attributes, or None if this caller keeps them elsewhere."""
+    init = getattr(caller_class, "__init__", None)
+    names = getattr(getattr(init, "__code__", None), "co_names", ())
+    if {"queue", "preload_q", "comp_q", "process"} <= set(names):
+        return "queue", "preload_q", "comp_q"
+    mcore = ("_persistent_queue", "_persistent_preload_q", "_persistent_comp_q")
+    if all(hasattr(caller_class, name) for name in mcore):
+        return mcore
+    return None
+
+
+def _dead(process):
+    process = _monitor.started_process(process)
+    return process is not None and process.exitcode is not None
+
+
+# -- wrappers -------------------------------------------------------------------------------
+
+def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``AsyncCallsQueue.schedule_async_request``: watch the preload handshake."""
+    if _finalizing() or not getattr(queue, "persistent", True):
+        return wrapped(*args, **kwargs)
+    try:
+        caller, save = caller_of(queue), queue.call_idx + 1
+        if _dead(process_of(caller)):  # died while idle: sending would only pile up
+            queue.call_idx = save  # in step with the ranks that do schedule it
+            raise _fail(queue, caller, save, "before the save, while idle")
+    except CheckpointWorkerError:
+        raise
+    except Exception as exc:
+        hook_failed("AsyncCallsQueue.schedule_async_request", exc)
+        return wrapped(*args, **kwargs)
+
+    def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
+        _release_join(queues_of(caller_of(queue))[1])
+
+    with _monitor.watching(f"the preload handshake of save #{save}",
+                           lambda: process_of(caller_of(queue)), unblock) as wait:
+        try:
+            result = wrapped(*args, **kwargs)
+        except Exception as exc:
+            if queue.call_idx == save and not _appended(queue, save):
+                _fail(queue, caller_of(queue), save, "while it was being scheduled",
+                      cause=exc)  # kept for the finalize, so the other ranks learn of it
+            raise
+    caller = caller_of(queue)
+    if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
+        if _appended(queue, save):
+            queue.async_calls.pop()
+        raise _fail(queue, caller, save, "during the preload handshake",
+                    exitcode=wait.exitcode)
+    _state(caller).outstanding.append(save)
+    return result
+
+
+def _appended(queue, save):
+    calls = getattr(queue, "async_calls", None)
+    return bool(calls) and calls[-1][0] == save
+
+
+def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``AsyncCallsQueue.maybe_finalize_async_calls``: drop failed saves; once the
+    saves before a failure kept from the handshake are finalized, send it through the
+    finalize all-reduce (where the other ranks wait on that save) and raise."""
+    if _finalizing():  # bound early: module globals are gone by then
+        return wrapped(*args, **kwargs)
+    pending, calls, later = _failed.get(queue), queue.async_calls, []
+    first = pending[0].save if pending else None
+    while pending and calls and calls[-1][0] > first:  # saves after the failed one wait
+        later.append(calls.pop())
+    try:
+        result = wrapped(*args, **kwargs)  # finalizes (at most) the saves before the failure
+    except CheckpointWorkerError as error:
+        if calls and calls[0][0] == error.save:
+            _, caller, _ = calls.popleft()  # never finalized
+            if error.worker_pid is not None:  # this rank's worker: start afresh next time
+                forget_caller(queue, caller)
+                if _blocking_no_dist(wrapped, args, kwargs)[1]:  # the others must learn too
+                    _failed.setdefault(queue, []).append(error)
+        raise
+    finally:
+        calls.extend(reversed(later))
+    if pending and not (calls and calls[0][0] < first):
+        if not _blocking_no_dist(wrapped, args, kwargs)[1]:  # else: the next collective one
+            error = pending.pop(0)
+            _, error.failed_ranks = _collective(error.save, alive=False, failed=True)
+            raise error
+    return result
+
+
+def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``PersistentAsyncCaller.is_current_async_call_done(blocking, no_dist)``."""
+    if _finalizing():  # bound early: module globals are gone by then
+        return wrapped(*args, **kwargs)
+    blocking, no_dist = _blocking_no_dist(wrapped, args, kwargs)
+    state = _state(caller)
+    save = state.outstanding[0] if state.outstanding else None
+    error = None
+    if caller.cur_item is None and process_of(caller) is not None:
+        caller.cur_item, error = _completion(caller, save, blocking)
+    alive = caller.cur_item is None and process_of(caller) is not None and error is None
+    if no_dist:
+        if error is not None:
+            raise error
+        done = not alive
+    else:
+        total, failed_ranks = _collective(save, alive, error is not None)
+        if failed_ranks or total >= FAILED or total < 0:
+            caller.cur_item = None
+            if state.outstanding:
+                state.outstanding.popleft()
+            error = error or _peer_error(save, failed_ranks)
+            error.failed_ranks = failed_ranks
+            raise error
+        done = total == 0
+    if done:
+        caller.cur_item = None
+        if state.outstanding:
+            state.outstanding.popleft()
+    return done
+
+
+def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``PersistentAsyncCaller.close``: never wait on a dead worker."""
+    if _finalizing():  # bound early: module globals are gone by then
+        if getattr(caller, "process", None) is None:
+            return None  # nothing to close (a worker we let go)
+        return wrapped(*args, **kwargs)
+    process = process_of(caller)
+    if _dead(process):
+        if process.exitcode != 0:
+            logger.error("rank %s: the checkpoint worker (pid %s) had died (%s) before it was "
+                         "closed", _monitor.rank(), process.pid, describe_exit(process.exitcode))
+        abandon(caller)
+        return None
+
+    def unblock():
+        _release_join(queues_of(caller)[0])
+
+    with _monitor.watching("closing the checkpoint worker", lambda: process, unblock):
+        return wrapped(*args, **kwargs)
+
+
+def worker_loop_wrapper(wrapped, instance, args, kwargs):
+    """Around the worker's loop, in the worker: leave the traceback for the trainer."""
+    try:
+        return wrapped(*args, **kwargs)
+    except Exception:
+        try:
+            path = traceback_path(os.getpid())
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(traceback.format_exc()[-16000:])
+        except Exception:
+            pass
+        raise
+
+
+# -- failure handling -------------------------------------------------------------------------
+
+def _fail(queue, caller, save, when, exitcode=None, cause=None):
+    """This rank could not hand ``save`` to its worker: build the error and keep it for the
+    finalize; a dead worker is let go, so the next save starts afresh. Returns the error."""
+    process = _monitor.started_process(process_of(caller))
+    if cause is None:
+        error = _own_failure(caller, save, process, when, exitcode)
+        forget_caller(queue, caller)
+    else:
+        error = CheckpointWorkerError(
+            f"rank {_monitor.rank()}: save #{save} failed {when}: {type(cause).__name__}: "
+            f"{cause}. The save was not finalized.", rank=_monitor.rank(), save=save)
+    _failed.setdefault(queue, []).append(error)
+    return error
+
+
+def _peer_error(save, failed_ranks):
+    who = ", ".join(map(str, failed_ranks)) or "another rank"
+    return CheckpointWorkerError(
+        f"rank {_monitor.rank()}: save #{save} failed on rank {who}: its checkpoint worker "
+        "failed (see that rank's error). The save was not finalized on any rank.",
+        rank=_monitor.rank(), save=save)
+
+
+def abandon(caller):
+    """Let a dead worker go: close its queues (no feeder thread may hold up the exit),
+    reap it, and clear what the trainer believed it cached."""
+    process = process_of(caller)
+    for q in queues_of(caller):
+        if q is not None:
+            try:
+                q.cancel_join_thread()
+                q.close()
+            except Exception:
+                pass
+    if _monitor.started_process(process) is not None:
+        try:
+            process.join(1.0)
+        except Exception:
+            pass
+    if process is not None and getattr(type(caller), "_persistent_process", None) is process:
+        cls = type(caller)  # megatron-core keeps one worker per process, on the class
+        cls._persistent_process = cls._persistent_queue = None
+        cls._persistent_preload_q = cls._persistent_comp_q = None
+    try:
+        caller.process = None
+    except Exception:
+        pass
+    if _cleanup.cached_key_count():
+        _cleanup.clear_trainer_caches("the checkpoint worker failed")
+
+
+def forget_caller(queue, caller):
+    """The queue starts a fresh caller (and worker) at its next save."""
+    if "persistent_caller" in vars(queue) and queue.persistent_caller is caller:
+        queue.persistent_caller = None
+    cls = type(queue)
+    if vars(cls).get("_persistent_caller") is caller:  # megatron-core: one per process
+        cls._persistent_caller = None
+
+
+def _completion(caller, save, blocking):
+    """The completion of ``save`` from the worker, or ``(None, None)`` if not there yet, or
+    ``(None, error)`` if the worker died without sending it. Older completions and
+    ``release()``'s answers are dropped."""
+    comp_q = queues_of(caller)[2]
+    process = process_of(caller)
+
+    def take(timeout):
+        while True:
+            try:
+                item = comp_q.get(timeout=timeout) if timeout else comp_q.get_nowait()
+            except Empty:
+                return None
+            if item == SENTINEL or (save is not None and isinstance(item, int) and item < save):
+                continue  # not this save's
+            return item
+
+    item = take(0)
+    if item is not None or not blocking:
+        if item is None and _dead(process):
+            item = take(0)  # sent just before it died?
+            if item is None:
+                return None, _own_failure(caller, save, process)
+        return item, None
+    with _monitor.watching(f"the finalize of save #{save} (waiting for the worker)",
+                           lambda: process):
+        while True:
+            item = take(0.2)
+            if item is not None:
+                return item, None
+            if _dead(process):
+                item = take(0)
+                return (item, None) if item is not None else (
+                    None, _own_failure(caller, save, process))
+
+
+def _own_failure(caller, save, process, when="while writing it", exitcode=None):
+    """The error for this rank's dead worker; the worker is let go."""
+    pid = getattr(process, "pid", None)
+    if exitcode is None and process is not None:
+        exitcode = _monitor.exitcode(process, settle=0.5)
+    worker_traceback = read_traceback(pid)
+    error = CheckpointWorkerError(
+        f"rank {_monitor.rank()}: save #{save} failed: the checkpoint worker (pid {pid}) died "
+        f"{when} ({describe_exit(exitcode)}). The save was not finalized; the next save "
+        "starts a fresh worker and sends full tensors."
+        + (f"\nThe worker's traceback:\n{worker_traceback}" if worker_traceback else
+           "\nThe worker's own output, if any, is on this rank's stderr."),
+        rank=_monitor.rank(), save=save, worker_pid=pid, exitcode=exitcode,
+        worker_traceback=worker_traceback)
+    _callers.pop(caller, None)
+    abandon(caller)
+    return error
+
+
+def _collective(save, alive, failed):
+    """NVRx's finalize all-reduce (``sync_all_async_calls``: one int, summed, on the current
+    device) with this rank's failure added; returns ``(sum, failed ranks)``."""
+    import torch
+
+    value = int(bool(alive)) + (FAILED if failed else 0)
+    tensor = torch.tensor([value], dtype=torch.int, device=torch.cuda.current_device())
+    from ._release import releasing
+
+    hint = ("another rank has not reached it. " + (
+        "This all-reduce runs inside nvrx_ipc_fix.release(), which finalizes pending "
+        "saves: call release() on every rank, in the same order."
+        if releasing() else "A rank may have failed, or ranks finalize checkpoints in "
+        "different orders (maybe_finalize_async_save must run on every rank)."))
+    with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save #{save}",
+                           hint=hint):
+        torch.distributed.all_reduce(tensor)
+    total = int(tensor[0])
+    if 0 <= total < FAILED:
+        return total, ()
+    return total, _failed_ranks(failed)
+
+
+def _failed_ranks(failed):
+    """Which ranks failed (every rank takes part, so this second collective is safe)."""
+    import torch
+
+    mine = _monitor.rank() if failed else None
+    try:
+        found = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(found, mine)
+        return tuple(rank for rank in found if rank is not None)
+    except Exception as exc:  # the count still says that some rank failed
+        logger.warning("could not learn which ranks failed: %s", exc)
+        return (mine,) if mine is not None else ()
+
+
+def _release_join(joinable):
+    """End ``joinable.join()`` in this process: count its unfinished tasks down to zero."""
+    if joinable is None:
+        return
+    cond, unfinished = joinable._cond, joinable._unfinished_tasks
+    if not cond.acquire(timeout=2.0):  # the dead worker died holding it
+        raise RuntimeError("the queue's lock is held by the dead worker")
+    try:
+        while unfinished.acquire(False):
+            pass
+        cond.notify_all()
+    finally:
+        cond.release()
+
+
+_signatures = {}
+
+
+def _blocking_no_dist(wrapped, args, kwargs):
+    sig = _signatures.get(wrapped)
+    if sig is None:
+        sig = _signatures[wrapped] = inspect.signature(wrapped)
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bool(bound.arguments.get("blocking")), bool(bound.arguments.get("no_dist"))
+
+
+def describe_exit(code):
+    """multiprocessing's exit code in words."""
+    if code is None or code == -1:
+        return "exit status unknown"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}" + (": an uncaught exception" if code == 1 else "")
+
+
+def traceback_path(pid):
+    return os.path.join(tempfile.gettempdir(), TRACEBACK_FILE.format(uid=os.getuid(), pid=pid))
+
+
+def read_traceback(pid):
+    """The traceback the worker ``pid`` left (and remove the file), or None."""
+    if pid is None:
+        return None
+    path = traceback_path(pid)
+    try:
+        with open(path, encoding="utf-8") as found:
+            text = found.read()
+        os.unlink(path)
+        return text.strip() or None
+    except OSError:
+        return None

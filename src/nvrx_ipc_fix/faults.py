@@ -1,0 +1,45 @@
+"""Faults for the real checkpoint worker, used by ``nvrx_ipc_fix.scenario`` (tests, demo,
+GPU benchmark) to show what a dying or stuck worker does to the trainer.
+
+Each is a plain module-level function: pickled by reference in an ``AsyncRequest`` in place
+of NVRx's ``preload_fn`` or ``async_fn``, it runs inside the worker, which imports this
+module to call it. ``KINDS`` maps a scenario step (``fault-<kind>``) to where it goes.
+"""
+
+import os
+import signal
+import time
+
+
+def fail(where, *_args, **_kwargs):
+    """Raise, as a bug in NVRx or torch would (the worker's loop dies with it)."""
+    raise RuntimeError(f"injected fault in the worker's {where}")
+
+
+def exit_now(code, *_args, **_kwargs):
+    """Leave at once, without cleanup (``os._exit``)."""
+    os._exit(code)
+
+
+def kill_self(*_args, **_kwargs):
+    """SIGKILL, as the OOM killer sends it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def stop_then(real, *args, **kwargs):
+    """SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return real(*args, **kwargs)
+
+
+#: fault kind -> (what it replaces in the request: "preload" or "write", description)
+KINDS = {
+    "preload": ("preload", "preload_fn raises"),
+    "raise": ("write", "async_fn raises"),
+    "write": ("path", "the checkpoint's files cannot be written (NVRx reports it)"),
+    "exit": ("write", "os._exit(3) while writing"),
+    "kill": ("write", "SIGKILL while writing"),
+    "idle": ("idle", "SIGKILL while idle, before the save"),
+    "stop": ("write", "SIGSTOP while writing, SIGCONT later"),
+}
