@@ -42,9 +42,12 @@ needs_nvrx = pytest.mark.skipif(NVRX is None, reason="nvidia-resiliency-ext is n
                                 "in this tox env (the nonvrx env)")
 needs_cache = pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("cache"),
                                  reason=f"NVRx {NVRX} has no IPC cache")
+#: Is the package installed here with its .pth (tox installs the wheel), so that every
+#: process started from this interpreter, NVRx's spawned worker too, can activate it?
+PTH = Path(sysconfig.get_paths()["purelib"], "nvrx_ipc_fix.pth").exists()
 pth_installed = pytest.mark.skipif(
-    not Path(sysconfig.get_paths()["purelib"], "nvrx_ipc_fix.pth").exists(),
-    reason="nvrx-ipc-fix is not installed with its .pth in this interpreter (tox installs it)")
+    not PTH, reason="nvrx-ipc-fix is not installed with its .pth in this interpreter "
+    "(tox installs it)")
 
 
 def expect(key):

@@ -6,7 +6,7 @@ import sys
 import sysconfig
 from importlib.util import find_spec
 
-from conftest import NVRX, EXPECT, pth_installed, run_process
+from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process
 
 
 def cli(*args):
@@ -20,6 +20,9 @@ def test_json_status_matches_the_installed_nvrx():
     assert status["nvrx_version"] == NVRX
     assert status["activated"] and status["source"] == "import"
     fixes = {f["name"]: f["state"] for f in status["fixes"]}
+    watch = fixes.pop("worker_watch"), fixes.pop("mcore_worker_watch")
+    assert watch == ("pending" if NVRX is None else "active",
+                     "pending" if MCORE else "not_applicable")
     if NVRX is None:
         assert fixes == {"clear_on_close": "pending", "stale_guard": "pending",
                          "release_on_offload": "not_applicable"}
@@ -41,8 +44,8 @@ def test_table_and_no_import():
     table = cli()
     assert table.startswith("nvrx-ipc-fix ") and "clear_on_close" in table
     status = json.loads(cli("status", "--json", "--no-import"))
-    core = status["targets"][0]
-    assert core["state"] == "pending"
+    core = [t for t in status["targets"] if t["target"].startswith("nvidia_resiliency_ext")]
+    assert {t["state"] for t in core} == {"pending"}
 
 
 def test_disabled_says_so():
@@ -67,3 +70,17 @@ def test_doctor_on_this_install():
                                env={"PYTHONPATH": path})
     assert rc == (1 if NVRX and EXPECT[NVRX]["cache"] else 0), out + err
     assert "python -S" in out
+
+
+def test_a_fix_turned_off_by_name_is_disabled_before_and_after_import():
+    for flags in (["--no-import"], []):
+        rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "--json", *flags],
+                                   env={"NVRX_IPC_FIX_DISABLE": "Stale_Guard , worker_watch"})
+        assert rc == 0, err
+        fixes = {f["name"]: f["state"] for f in json.loads(out)["fixes"]}
+        assert fixes["stale_guard"] == fixes["worker_watch"] == "disabled"
+        assert fixes["clear_on_close"] != "disabled"
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor"],
+                               env={"NVRX_IPC_FIX_DISABLE": "worker_watch"})
+    assert "warn  fix worker_watch: disabled: NVRX_IPC_FIX_DISABLE names worker_watch" in out
+    assert "warn  NVRX_IPC_FIX_DISABLE: 'worker_watch': worker_watch off" in out

@@ -13,11 +13,12 @@ from ._lifecycle import activate, deactivate, status  # noqa: E402
 from ._lifecycle import enable as _enable  # noqa: E402
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
-           "ray_worker_setup", "State", "Status", "FixStatus", "TargetStatus"]
+           "CheckpointWorkerError", "ray_worker_setup", "State", "Status", "FixStatus",
+           "TargetStatus"]
 
 _LAZY = {"State": "_status", "Status": "_status", "FixStatus": "_status",
          "TargetStatus": "_status", "release": "_release", "offloading": "_release",
-         "ReleaseReport": "_release"}
+         "ReleaseReport": "_release", "CheckpointWorkerError": "_errors"}
 
 
 def ray_worker_setup():

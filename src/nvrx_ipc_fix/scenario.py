@@ -57,6 +57,7 @@ def _kwargs_accepted(fn, **wanted):
 IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
          "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
 STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
+HUNG = threading.Event()  # set once the watchdog has reported a hang
 
 
 class Trainer:
@@ -264,33 +265,12 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     watchdog = _Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
         watchdog.begin(index)
-        if step in ("save", "save-async"):
-            blocked, total, path, version = trainer.save(wait=step == "save")
-            report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
-                                    "total_s": total and round(total, 4), "path": path,
-                                    "version": version, "stale": None, "tensors": n_tensors})
-        elif step.startswith("fault-"):
-            outcome, saved = _fault(trainer, index, step, rank)
-            report.setdefault("faults", []).append(outcome)
-            if saved:  # the save went through (a stall, or another rank's fault that did not
-                report["saves"].append(dict(saved, tensors=n_tensors))  # reach this one)
-        elif step in ("replace", "offload", "onload"):
-            getattr(trainer, step)()
-        elif step == "measure":
-            report.setdefault("measures", []).append(trainer.measure())
-        elif step == "close":
-            trainer.close()
-        elif step in ("activate", "deactivate"):
-            getattr(nvrx_ipc_fix, step)()
-        elif step in ("flush", "terminate"):
-            released = nvrx_ipc_fix.release(trainer.queue, strategy=step)
-            report.setdefault("releases", []).append(dataclasses.asdict(released))
-        elif step == "probe":
-            report.setdefault("probes", []).append(trainer.probe())
-        elif step in EXTRA_STEPS:
-            EXTRA_STEPS[step](trainer)
-        else:
-            raise ValueError(f"unknown step {step!r}")
+        try:
+            _step(trainer, report, index, step, n_tensors, rank)
+        except BaseException:
+            if HUNG.is_set():  # reported; a peer's exit broke the collective
+                threading.Event().wait()  # the watchdog ends the process
+            raise
         watchdog.end()
         if not trainer.queue.get_num_unfinalized_calls():  # verify what is finalized
             checked = []
@@ -314,6 +294,37 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     return report
 
 
+def _step(trainer, report, index, step, n_tensors, rank):
+    """Run one step (see the module doc)."""
+    if step in ("save", "save-async"):
+        blocked, total, path, version = trainer.save(wait=step == "save")
+        report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
+                                "total_s": total and round(total, 4), "path": path,
+                                "version": version, "stale": None, "tensors": n_tensors})
+    elif step.startswith("fault-"):
+        outcome, saved = _fault(trainer, index, step, rank)
+        report.setdefault("faults", []).append(outcome)
+        if saved:  # the save went through (a stall, or another rank's fault that did not
+            report["saves"].append(dict(saved, tensors=n_tensors))  # reach this one)
+    elif step in ("replace", "offload", "onload"):
+        getattr(trainer, step)()
+    elif step == "measure":
+        report.setdefault("measures", []).append(trainer.measure())
+    elif step == "close":
+        trainer.close()
+    elif step in ("activate", "deactivate"):
+        getattr(nvrx_ipc_fix, step)()
+    elif step in ("flush", "terminate"):
+        released = nvrx_ipc_fix.release(trainer.queue, strategy=step)
+        report.setdefault("releases", []).append(dataclasses.asdict(released))
+    elif step == "probe":
+        report.setdefault("probes", []).append(trainer.probe())
+    elif step in EXTRA_STEPS:
+        EXTRA_STEPS[step](trainer)
+    else:
+        raise ValueError(f"unknown step {step!r}")
+
+
 def _fault(trainer, index, step, rank):
     """One ``fault-<kind>[@<rank>]`` step: a save whose worker fails on the chosen ranks."""
     kind, _, only = step[len("fault-"):].partition("@")
@@ -328,6 +339,8 @@ def _fault(trainer, index, step, rank):
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if HUNG.is_set():
+            raise
         outcome.update(error=_describe(exc), raised_in=trainer.phase,
                        after_s=round(time.monotonic() - start, 2))
         if trainer.phase == "schedule":  # not handed over: the next finalize tells the others
@@ -399,6 +412,7 @@ class _Watchdog:
         self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
                                "worker_died": died}
         self.report["fix"] = _fix_states()
+        HUNG.set()
         print(json.dumps(self.report), flush=True)
         if dist.is_initialized() and dist.get_world_size() > 1:
             time.sleep(self.timeout)  # stay hung, so that the other ranks see a hang too
