@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 import sysconfig
 from importlib.util import find_spec
@@ -67,3 +68,15 @@ def test_doctor_on_this_install():
                                env={"PYTHONPATH": path})
     assert rc == (1 if NVRX and EXPECT[NVRX]["cache"] else 0), out + err
     assert "python -S" in out
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``python -m nvrx_ipc_fix | head``: stdout's reader is gone before the output."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")

@@ -184,7 +184,8 @@ def run_with(python, out=print, timeout=300):
     if found["importable"]:
         checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor"], capture_output=True,
                                  text=True, timeout=timeout)
-        for line in (checked.stdout + checked.stderr).rstrip().splitlines():
+        sys.stderr.write(checked.stderr)
+        for line in checked.stdout.rstrip().splitlines():
             out(line)
         return checked.returncode
     affected = found["nvrx"] is not None and _detect.release_has_cache(found["nvrx"]) is not False
