@@ -24,7 +24,7 @@ try:
 except metadata.PackageNotFoundError:
     NVRX = None
 
-#: What each NVRx release does without the package (measured; see nvrx-compat.md).
+#: What each NVRx release does without the package (measured; README, "What it fixes").
 EXPECT = {
     #        cache   stale after replace   hang after close   pointer check (PR #314)
     "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False),
