@@ -174,20 +174,22 @@ def run_with(python, out=print, timeout=300):
     try:
         probe = subprocess.run([python, "-c", PROBE], capture_output=True, text=True,
                                timeout=timeout)
-        found = json.loads(probe.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        why = exc if isinstance(exc, (OSError, subprocess.SubprocessError)) else " ".join(
-            [f"exit {probe.returncode}, no probe result", *probe.stderr.strip().splitlines()[-1:]])
-        out(f"FAIL  python: cannot run {python!r} as a Python interpreter: {why}")
+        found = _json(probe.stdout) if probe.returncode == 0 else None
+        keys = {"python", "version", "nvrx", "importable"}
+        if not (isinstance(found, dict) and keys <= set(found)):
+            raise ValueError(" ".join([f"exit {probe.returncode}, no probe result",
+                                       *probe.stderr.strip().splitlines()[-1:]]))
+        if found["importable"]:
+            checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor"],
+                                     capture_output=True, text=True, timeout=timeout)
+            sys.stderr.write(checked.stderr)
+            for line in checked.stdout.rstrip().splitlines():
+                out(line)
+            return checked.returncode
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        out(f"FAIL  python: cannot run {python!r} as a Python interpreter: {exc}")
         out("result: not checked")
         return 2
-    if found["importable"]:
-        checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor"], capture_output=True,
-                                 text=True, timeout=timeout)
-        sys.stderr.write(checked.stderr)
-        for line in checked.stdout.rstrip().splitlines():
-            out(line)
-        return checked.returncode
     affected = found["nvrx"] is not None and _detect.release_has_cache(found["nvrx"]) is not False
     where = f"{found['python']} (Python {found['version']})"
     out(f"{'FAIL' if affected else 'warn'}  package: nvrx_ipc_fix is not importable by {where}: "
@@ -200,3 +202,11 @@ def run_with(python, out=print, timeout=300):
         f"not get it. Install nvrx-ipc-fix into that environment, or make a bundle "
         f"(`python -m nvrx_ipc_fix bundle DIR`) and put DIR first on PYTHONPATH.")
     return 1
+
+
+def _json(text):
+    """The last line of ``text`` as JSON, or ``None``."""
+    try:
+        return json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
