@@ -124,16 +124,20 @@ JOB = """
     try:
         result = {{}}
 {body}
-        print(json.dumps(result))
+        print("RESULT", json.dumps(result), flush=True)
     finally:
         ray.shutdown()
 """
 
 
 def job(python, body, runtime_env="{}", env=None, timeout=540):
+    """Run JOB; its result (Ray also prints a dead worker's errors to the driver's stdout)."""
     code = JOB.format(python=python, runtime_env=runtime_env,
                       body=textwrap.indent(textwrap.dedent(body), " " * 8))
-    return run_python(code, auto=True, env=env, timeout=timeout)
+    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], auto=True,
+                               env=env, timeout=timeout)
+    assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
 
 
 def test_the_string_hook_kills_an_actor_whose_environment_lacks_the_package(actor_python):
