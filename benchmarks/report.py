@@ -1,6 +1,6 @@
 """Tables (Markdown) and a chart (PNG) from ``benchmarks/results/*.jsonl``.
 
-    python benchmarks/report.py [--chart benchmarks/results/h200.png]   # needs matplotlib
+    python benchmarks/report.py [--chart benchmarks/results/h200-2g16.png]   # needs matplotlib
 
 Held memory is ``torch.cuda.memory_allocated()`` in the trainer after the offload (the
 model's blocks that the worker's IPC mappings keep alive), and the device's used memory

@@ -24,7 +24,7 @@ try:
 except metadata.PackageNotFoundError:
     NVRX = None
 
-#: What each NVRx release does without the package (measured; see nvrx-compat.md).
+#: What each NVRx release does without the package (measured; README, "What it fixes").
 EXPECT = {
     #        cache   stale after replace   hang after close   pointer check (PR #314)
     #        worker_loop: the worker calls PersistentAsyncCaller.async_process_target by name
@@ -48,6 +48,19 @@ PTH = Path(sysconfig.get_paths()["purelib"], "nvrx_ipc_fix.pth").exists()
 pth_installed = pytest.mark.skipif(
     not PTH, reason="nvrx-ipc-fix is not installed with its .pth in this interpreter "
     "(tox installs it)")
+
+
+def uv(*args, timeout=600):
+    """Run uv (requirements/uv.txt) with pip's find-links, never downloading a Python."""
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        pytest.skip("uv is not installed here (requirements/uv.txt)")
+    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never")
+    if os.environ.get("PIP_FIND_LINKS"):  # where this machine keeps wheels (torch CPU)
+        env.setdefault("UV_FIND_LINKS", os.environ["PIP_FIND_LINKS"])
+    subprocess.run([find_uv_bin(), *args], check=True, timeout=timeout, env=env,
+                   stdout=subprocess.DEVNULL)
 
 
 def expect(key):

@@ -1,5 +1,6 @@
 """Start-up activation from a real install: the wheel is built once and installed into fresh
-virtual environments (no pip, no torch), and every check runs in a new interpreter.
+virtual environments (no pip, no torch), by pip and by uv, and every check runs in a new
+interpreter.
 
 The scripts never import ``nvrx_ipc_fix``; they read ``sys.modules["nvrx_ipc_fix"]``. Where
 ``doctor`` needs an NVRx with the IPC cache, its metadata alone stands in (``nvrx_meta``):
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_process, run_python
+from conftest import run_process, run_python, uv
 
 pytestmark = pytest.mark.install
 
@@ -299,3 +300,119 @@ def test_uninstall_removes_the_startup_files_and_leftovers_are_harmless(tmp_path
     rc, _, err = run_process([python, "-c", "pass"], auto=True,
                              env={"NVRX_IPC_FIX_LOG_LEVEL": "debug"})
     assert rc == 0 and "start-up activation (pth) failed: ModuleNotFoundError" in err
+
+
+def test_uv_venv_and_uv_pip_install_activate_at_startup_and_uninstall_cleanly(tmp_path, wheel,
+                                                                              nvrx_meta):
+    venv = tmp_path / "uv-venv"
+    uv("venv", "--quiet", "--python", sys.executable, str(venv))
+    python = str(venv / "bin" / "python")
+    deps = [f"{d}=={metadata.version(d)}" for d in ("wrapt", "packaging")]
+    uv("pip", "install", "--quiet", "--python", python, str(wheel), *deps)
+    seen = probe(python)
+    assert seen["activated"] and seen["source"] == "pth" and seen["requested_by"] == ["pth"]
+    rc, out = doctor(python, env={"PYTHONPATH": str(nvrx_meta)})
+    assert rc == 0 and "ok    activation: active, source pth" in out, out
+    site = Path(run_python("import json, sysconfig; "
+                           "print(json.dumps(sysconfig.get_paths()['purelib']))", python=python))
+    uv("pip", "uninstall", "--quiet", "--python", python, "nvrx-ipc-fix")
+    assert [name for name in STARTUP_FILES if (site / name).exists()] == []
+    assert not probe(python)["imported"]
+
+
+def test_uv_run_with_the_wheel_activates_at_startup(tmp_path, wheel):
+    deps = [f"--with={d}=={metadata.version(d)}" for d in ("wrapt", "packaging")]
+    script = tmp_path / "probe.py"
+    script.write_text(textwrap.dedent(REPORT) + "print(json.dumps(report()))\n")
+    from uv import find_uv_bin
+
+    rc, out, err = run_process([find_uv_bin(), "run", "--quiet", "--no-project", "--python",
+                                sys.executable, f"--with={wheel}", *deps, str(script)],
+                               auto=True, env={"UV_PYTHON_DOWNLOADS": "never"}, timeout=300)
+    assert rc == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["activated"] and seen["source"] == "pth" and seen["requested_by"] == ["pth"]
+
+
+def test_bundle_on_pythonpath_activates_a_bare_venv(tmp_path, venv):
+    """``bundle DIR``: a venv with neither the package nor wrapt, and DIR on PYTHONPATH."""
+    python, _ = venv
+    bundle = tmp_path / "bundle"
+    rc, out, err = run_process([python, "-m", "nvrx_ipc_fix", "bundle", str(bundle)], auto=True)
+    assert rc == 0 and f"export PYTHONPATH={bundle}" in out, err
+    bare = tmp_path / "bare"
+    check([sys.executable, "-m", "venv", "--without-pip", str(bare)])
+    bare_python = str(bare / "bin" / "python")
+    seen = probe(bare_python, """
+        before = report()
+        import wrapt
+        print(json.dumps(dict(before, wrapt=wrapt.__file__, path_end=sys.path[-1])))
+    """, env={"PYTHONPATH": str(bundle)})
+    assert seen["activated"] and seen["source"] == "sitecustomize"
+    assert seen["wrapt"].startswith(str(bundle / "_nvrx_ipc_fix_deps"))
+    assert seen["path_end"] == str(bundle / "_nvrx_ipc_fix_deps")  # the venv's own wrapt wins
+    assert not probe(bare_python)["imported"]  # nothing was written into the venv
+
+
+def test_bundle_refuses_what_it_did_not_write_and_refreshes_its_own(tmp_path, venv):
+    python, _ = venv
+    cli = [python, "-m", "nvrx_ipc_fix", "bundle"]
+    bundle = tmp_path / "bundle"
+    assert run_process([*cli, str(bundle)])[0] == 0
+    (bundle / "nvrx_ipc_fix" / "stale.py").write_text("")
+    assert run_process([*cli, str(bundle)])[0] == 0  # refreshed: our own files replaced
+    assert not (bundle / "nvrx_ipc_fix" / "stale.py").exists()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "keep.txt").write_text("x")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for target, why in ((busy, "is not empty and holds no bundle"),
+                        (afile, "is not a directory"),
+                        (afile / "sub", "cannot write the bundle")):  # unwritable, even as root
+        rc, out, err = run_process([*cli, str(target)])
+        assert rc == 1 and why in err, (target, out, err)
+    assert sorted(p.name for p in busy.iterdir()) == ["keep.txt"]
+    assert afile.read_text() == "x"
+
+
+def test_doctor_python_checks_another_interpreter_and_says_when_it_cannot(tmp_path, venv,
+                                                                         nvrx_meta):
+    python, _ = venv
+    bare = tmp_path / "bare"
+    check([sys.executable, "-m", "venv", "--without-pip", str(bare)])
+    env = {"PYTHONPATH": str(nvrx_meta)}  # NVRx 0.6.0's metadata, in both interpreters
+
+    def doctor_for(target):
+        rc, out, err = run_process([python, "-m", "nvrx_ipc_fix", "doctor", "--python",
+                                    str(target)], auto=True, env=env)
+        assert out.rstrip().splitlines()[-1].startswith("result: "), out + err
+        return rc, out
+
+    rc, out = doctor_for(bare / "bin" / "python")
+    assert rc == 1 and "FAIL  package: nvrx_ipc_fix is not importable by " in out
+    assert "info  NVRx: 0.6.0: has the IPC tensor cache" in out
+    rc, out = doctor_for(python)  # there the package is installed: its own doctor runs
+    assert rc == 0 and f"({python})" in out and "ok    activation: active, source pth" in out
+    for target in (tmp_path / "missing", "/bin/true", tmp_path):
+        rc, out = doctor_for(target)
+        assert rc == 2 and "FAIL  python: cannot run" in out and "result: not checked" in out
+    env = {}  # no NVRx there: nothing needs the fix
+    rc, out = doctor_for(bare / "bin" / "python")
+    assert rc == 0 and "warn  package: nvrx_ipc_fix is not importable" in out
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="pip finds no NVRx 0.6.0 wheel for "
+                    "Python 3.13 (install_wheel.py serves the py311 envs and scripts/demo)")
+def test_install_wheel_keeps_one_version_and_names_the_ones_it_knows(tmp_path):
+    """scripts/demo 0.7.0 and then scripts/demo used to leave two NVRx dist-infos."""
+    python, site = make_venv(tmp_path / "v")
+    script = [sys.executable, str(ROOT / "requirements" / "install_wheel.py"), "--python", python]
+    for version in ("0.7.0", "0.6.0"):
+        rc, out, err = run_process([*script, f"nvidia-resiliency-ext=={version}"], timeout=300)
+        assert rc == 0, err
+    assert [p.name for p in site.glob("nvidia_resiliency_ext-*")] == [
+        "nvidia_resiliency_ext-0.6.0.dist-info"]
+    rc, out, err = run_process([*script, "nvidia-resiliency-ext==0.8.0"])
+    assert rc == 2 and "no wheel known for nvidia-resiliency-ext==0.8.0" in err
+    assert "nvidia-resiliency-ext==0.7.0" in err and "Traceback" not in err

@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 import sysconfig
 from importlib.util import find_spec
@@ -84,3 +85,15 @@ def test_a_fix_turned_off_by_name_is_disabled_before_and_after_import():
                                env={"NVRX_IPC_FIX_DISABLE": "worker_watch"})
     assert "warn  fix worker_watch: disabled: NVRX_IPC_FIX_DISABLE names worker_watch" in out
     assert "warn  NVRX_IPC_FIX_DISABLE: 'worker_watch': worker_watch off" in out
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """``python -m nvrx_ipc_fix | head``: stdout's reader is gone before the output."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (proc.returncode, proc.stderr) == (141, "")

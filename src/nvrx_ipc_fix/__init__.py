@@ -13,21 +13,24 @@ from ._lifecycle import activate, deactivate, status  # noqa: E402
 from ._lifecycle import enable as _enable  # noqa: E402
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
-           "CheckpointWorkerError", "ray_worker_setup", "State", "Status", "FixStatus",
+           "CheckpointWorkerError", "ray_runtime_env", "ray_worker_setup", "State", "Status",
+           "FixStatus",
            "TargetStatus"]
 
 _LAZY = {"State": "_status", "Status": "_status", "FixStatus": "_status",
          "TargetStatus": "_status", "release": "_release", "offloading": "_release",
-         "ReleaseReport": "_release", "CheckpointWorkerError": "_errors"}
+         "ReleaseReport": "_release", "CheckpointWorkerError": "_errors",
+         "ray_runtime_env": "_ray"}
 
 
 def ray_worker_setup():
-    """Activate in a Ray worker: ``runtime_env={"worker_process_setup_hook":
-    "nvrx_ipc_fix.ray_worker_setup"}`` (source ``ray-hook``).
+    """Activate in a Ray worker (source ``ray-hook``); what ``ray_runtime_env()``'s hook calls.
 
-    Ray imports this package to find the hook and runs the hook before any task or actor
-    code, so the activation that import made is recorded as the hook's. Not subject to
-    ``NVRX_IPC_FIX_AUTO``; ``NVRX_IPC_FIX_DISABLE`` applies.
+    As a string hook, ``"nvrx_ipc_fix.ray_worker_setup"``, it stops every worker whose
+    environment cannot import this package: use ``ray_runtime_env()``. Ray imports the
+    package to find the hook and runs it before any task or actor code, so the activation
+    that import made is recorded as the hook's. Not subject to ``NVRX_IPC_FIX_AUTO``;
+    ``NVRX_IPC_FIX_DISABLE`` applies.
     """
     try:
         _enable("ray-hook", claim=True)

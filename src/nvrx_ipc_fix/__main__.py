@@ -1,11 +1,12 @@
-"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``doctor``,
-``install-sitecustomize DIR``, ``demo`` and ``selftest``."""
+"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``doctor [--python PATH]``,
+``install-sitecustomize DIR``, ``bundle DIR``, ``demo`` and ``selftest``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from ._detect import CORE, FS, NVRX_DIST, distribution_version
@@ -20,13 +21,23 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="print JSON")
         p.add_argument("--no-import", action="store_true",
                        help="do not import NVRx first (targets stay 'pending')")
-    sub.add_parser("doctor", help="check that processes started like this one get the fix; "
-                                  "exit 1 if an affected NVRx is installed and they do not")
+    doctor = sub.add_parser("doctor", help="check that processes started like this one get "
+                                           "the fix; exit 1 if an affected NVRx is installed "
+                                           "and they do not")
+    doctor.add_argument("--python", metavar="PATH",
+                        help="check processes of that interpreter instead (a Ray "
+                             "py_executable, a NeMo RL actor venv's bin/python), started with "
+                             "this environment; exit 2 if it cannot be run")
     site = sub.add_parser("install-sitecustomize",
                           help="write DIR/sitecustomize.py that activates the package at "
                                "start-up (where .pth files are not read)")
     site.add_argument("directory", metavar="DIR", help="a directory early on sys.path, e.g. "
                                                        "the PYTHONPATH entry of the install")
+    pack = sub.add_parser("bundle", help="copy the package, its dependencies and a "
+                                         "sitecustomize into DIR, for PYTHONPATH (NeMo RL's "
+                                         "actor environments)")
+    pack.add_argument("directory", metavar="DIR", help="a new or empty directory, or a "
+                                                       "bundle to refresh")
     sub.add_parser("demo", help="run the NVRx worker through the failures, "
                                 "without and with the fix")
     sub.add_parser("selftest", help="check the fix on this node (GPU memory, next-save time, "
@@ -34,18 +45,33 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("demo", "selftest"):
         return importlib.import_module(f".{args.command}", __package__).run()
-    if args.command == "install-sitecustomize":
+    if args.command in ("install-sitecustomize", "bundle"):
+        from ._bundle import bundle
         from ._sitecustomize import install
 
-        code, message = install(args.directory)
+        code, message = (install if args.command == "install-sitecustomize" else bundle)(
+            args.directory)
         print(message, file=sys.stderr if code else sys.stdout)
         return code
     if args.command == "doctor":
-        from ._doctor import run
+        from ._doctor import run, run_with
 
+        if args.python is not None:
+            return run_with(args.python)
         _import_nvrx()
         return run()
     return _show(args.json, args.no_import)
+
+
+def _run(argv=None):
+    """``main()``, quiet when the reader of stdout goes away (``| head``)."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        code = 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that the reader left
+    return code
 
 
 def _import_nvrx():
@@ -70,4 +96,4 @@ def _show(as_json: bool, no_import: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run())

@@ -5,10 +5,17 @@ environment. It is covered when its start-up (the ``.pth`` file or the sitecusto
 fallback) activates the package; the import this command makes does not count. One line
 per check; exit status 1 when an NVRx with the IPC cache (0.6.0, 0.7.0, a dev build) is
 installed and such processes are not covered, else 0.
+
+``doctor --python PATH`` runs the same checks under another interpreter (a Ray
+``py_executable``, one of NeMo RL's per-actor venvs) with this environment; where that
+interpreter cannot import the package at all, a standard-library probe says so (exit 1
+when its NVRx needs the fix, 2 when the interpreter cannot be run).
 """
 
+import json
 import os
 import site
+import subprocess
 import sys
 
 from . import _config, _detect
@@ -17,8 +24,18 @@ from ._targets import FIXES
 PTH = "nvrx_ipc_fix.pth"
 FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "pending": "info",
               "disabled": "warn", "unsupported": "warn", "error": "warn"}
-OTHER_WAYS = ("`import nvrx_ipc_fix` first in each entry point; for Ray workers the "
-              "worker_process_setup_hook 'nvrx_ipc_fix.ray_worker_setup'")
+OTHER_WAYS = ("`import nvrx_ipc_fix` first in each entry point; for Ray workers "
+              "ray.init(runtime_env=nvrx_ipc_fix.ray_runtime_env())")
+#: Run by ``doctor --python`` first: standard library only, as the package may be missing there.
+PROBE = """import importlib.util, json, sys
+from importlib import metadata
+try:
+    nvrx = metadata.version("nvidia-resiliency-ext")
+except Exception:
+    nvrx = None
+print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "nvrx": nvrx,
+                  "importable": importlib.util.find_spec("nvrx_ipc_fix") is not None}))
+"""
 
 
 def run(out=print):
@@ -40,7 +57,7 @@ def run(out=print):
 
     checks = [("info", "package", f"nvrx-ipc-fix {status.version} in {package_dir}; Python "
                f"{sys.version.split()[0]} ({sys.executable}), pid {status.pid}"),
-              _pth(_installed_pth(), "pth" in ran, covered),
+              _pth(_installed_pth(), ran, covered),
               _sitecustomize("sitecustomize" in ran), *_switches(), _startup_error(startup),
               ("ok" if covered else "fail", "activation", _activation(status, covered)),
               ("ok", "wrapt", status.wrapt_version) if status.wrapt_version else
@@ -79,10 +96,12 @@ def _installed_pth():
     return next((os.path.abspath(f.locate()) for f in files if f.name == PTH), None)
 
 
-def _pth(path, processed, covered):
+def _pth(path, ran, covered):
     where = os.path.dirname(path or "")
-    if processed:
+    if "pth" in ran:
         return "ok", PTH, f"in {where}, read at start-up"
+    if "sitecustomize" in ran:
+        return "info", PTH, "not read here; the sitecustomize fallback activates instead"
     if path is None or not os.path.exists(path):
         why = ("not installed (no nvrx-ipc-fix distribution lists it: a source tree on "
                "sys.path?): install the wheel, or use the sitecustomize fallback")
@@ -148,3 +167,46 @@ def _nvrx(version, affected):
     if _detect.release_has_cache(version) is None:
         return f"{version}: a dev or unknown build that may have the IPC cache: the fixes apply"
     return f"{version}: has the IPC tensor cache: the fixes apply"
+
+
+def run_with(python, out=print, timeout=300):
+    """``doctor`` under interpreter ``python``, started with this environment; its exit status."""
+    try:
+        probe = subprocess.run([python, "-c", PROBE], capture_output=True, text=True,
+                               timeout=timeout)
+        found = _json(probe.stdout) if probe.returncode == 0 else None
+        keys = {"python", "version", "nvrx", "importable"}
+        if not (isinstance(found, dict) and keys <= set(found)):
+            raise ValueError(" ".join([f"exit {probe.returncode}, no probe result",
+                                       *probe.stderr.strip().splitlines()[-1:]]))
+        if found["importable"]:
+            checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor"],
+                                     capture_output=True, text=True, timeout=timeout)
+            sys.stderr.write(checked.stderr)
+            for line in checked.stdout.rstrip().splitlines():
+                out(line)
+            return checked.returncode
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        out(f"FAIL  python: cannot run {python!r} as a Python interpreter: {exc}")
+        out("result: not checked")
+        return 2
+    affected = found["nvrx"] is not None and _detect.release_has_cache(found["nvrx"]) is not False
+    where = f"{found['python']} (Python {found['version']})"
+    out(f"{'FAIL' if affected else 'warn'}  package: nvrx_ipc_fix is not importable by {where}: "
+        f"not installed in its environment and not on its PYTHONPATH")
+    out(f"info  NVRx: {_nvrx(found['nvrx'], affected)}")
+    if not affected:
+        out("result: ok: no NVRx with the IPC cache is installed there; nothing needs the fix")
+        return 0
+    out(f"result: NVRx {found['nvrx']} needs the fix, and processes started with {python} do "
+        f"not get it. Install nvrx-ipc-fix into that environment, or make a bundle "
+        f"(`python -m nvrx_ipc_fix bundle DIR`) and put DIR first on PYTHONPATH.")
+    return 1
+
+
+def _json(text):
+    """The last line of ``text`` as JSON, or ``None``."""
+    try:
+        return json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None

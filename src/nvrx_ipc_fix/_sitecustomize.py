@@ -18,6 +18,9 @@ import os
 import sys
 
 try:
+    _deps = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_nvrx_ipc_fix_deps")
+    if os.path.isdir(_deps) and _deps not in sys.path:  # a bundle's wrapt and packaging:
+        sys.path.append(_deps)  # last, so that the environment's own copies win
     import _nvrx_ipc_fix_startup
 
     _nvrx_ipc_fix_startup.run("sitecustomize")
