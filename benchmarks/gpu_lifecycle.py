@@ -14,8 +14,9 @@ Scenarios: ``vanilla`` (no package), ``nemo_rl`` (NeMo RL PR #3322's sequence by
 package), ``terminate`` / ``flush`` (``nvrx_ipc_fix.release``), ``auto`` (NeMo RL's
 ``offload_before_refit``, copied in tests/faithful, with the package releasing on its own),
 ``no_cache`` (``use_cached_data_structure=False``, no package: the reference).
-``--overhead N`` times N ordinary saves without and with the package (same sizes,
-separate processes). ``--ranks N`` runs N ranks (one GPU each) per case, started by this
+``--case LABEL=STEPS`` runs any scenario steps (worker faults, a rank that releases
+alone: ``<step>@<rank>``). ``--overhead N`` times N ordinary saves in each of ``OVERHEAD``'s variants (each size,
+separate processes, ``--rounds`` times in turn). ``--ranks N`` runs N ranks (one GPU each) per case, started by this
 script (``--launcher spawn``, a shared file for the rendezvous) or by ``torchrun``.
 Without CUDA it runs on the CPU stand-in (no memory figures). Prints and appends JSON
 lines, one per rank and case.
@@ -43,6 +44,10 @@ SCENARIOS = {  # name -> (package on, use_cached_data_structure, the release ste
     "auto": (True, True, ["nemo_offload_before_refit"]),
     "no_cache": (False, False, []),
 }
+
+
+#: --overhead variants: label -> NVRX_IPC_FIX_DISABLE
+OVERHEAD = (("vanilla", "1"), ("package", ""), ("no-watch", "worker_watch"))
 
 
 def child(spec):
@@ -131,11 +136,10 @@ def _stop(signum, _frame):
     sys.exit(128 + signum)
 
 
-def run_case(spec, package, ranks, timeout, launcher="spawn"):
-    """Run one case on ``ranks`` ranks; return the rank reports (one per rank)."""
-    env = dict(os.environ)
-    if not package:
-        env["NVRX_IPC_FIX_DISABLE"] = "1"
+def run_case(spec, disable, ranks, timeout, launcher="spawn"):
+    """Run one case on ``ranks`` ranks with ``NVRX_IPC_FIX_DISABLE=disable`` ("": the whole
+    package on); return the rank reports (one per rank)."""
+    env = dict(os.environ, NVRX_IPC_FIX_DISABLE=disable)
     shared = tempfile.mkdtemp(prefix="nvrx-bench-shared-") if ranks > 1 else None
     if launcher == "torchrun":
         port = 29500 + os.getpid() % 1000
@@ -177,9 +181,14 @@ def main():
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--cycles", type=int, default=1,
                         help="release/offload/onload/save cycles per case")
-    parser.add_argument("--overhead", type=int, default=0)
+    parser.add_argument("--overhead", type=int, default=0,
+                        help="ordinary saves per process, for each variant in OVERHEAD")
+    parser.add_argument("--rounds", type=int, default=1, help="of the --overhead variants")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn")
+    parser.add_argument("--case", action="append", default=[], metavar="LABEL=STEPS",
+                        help="also run these scenario steps (comma list; faults, <step>@<rank>), "
+                             "at the first size, with the package")
     parser.add_argument("--timeout", type=float, default=120.0, help="per save")
     args = parser.parse_args()
     if args.child:
@@ -206,19 +215,26 @@ def main():
             record(run_case({"case": f"{size}/{name}", "size": size, "scenario": name,
                              "cycles": cycles, "steps": steps, "tensors": tensors,
                              "numel": numel, "cached": cached, "timeout": args.timeout},
-                            package, args.ranks, args.timeout * (3 + cycles) + 300,
-                            args.launcher))
-    if args.overhead:
+                            "" if package else "1", args.ranks,
+                            args.timeout * (3 + cycles) + 300, args.launcher))
+    for case in args.case:
+        label, _, steps = case.partition("=")
         size = args.sizes.split(",")[0]
         tensors, numel = SIZES[size]
-        for package in (False, True):
-            label = "package" if package else "vanilla"
-            record(run_case({"case": f"{size}/overhead-{label}", "size": size,
-                             "scenario": f"overhead-{label}", "steps": ["save"] * args.overhead,
-                             "tensors": tensors, "numel": numel, "cached": True,
-                             "timeout": args.timeout},
-                            package, args.ranks, args.timeout * args.overhead + 300,
-                            args.launcher))
+        record(run_case({"case": f"{size}/{label}", "size": size, "scenario": label,
+                         "steps": steps.split(","), "tensors": tensors, "numel": numel,
+                         "cached": True, "timeout": args.timeout}, "", args.ranks,
+                        args.timeout * 6 + 300, args.launcher))
+    for size in args.sizes.split(",") if args.overhead else ():
+        tensors, numel = SIZES[size]
+        for _ in range(args.rounds):  # interleaved, so drift hits every variant alike
+            for label, disable in OVERHEAD:
+                record(run_case({"case": f"{size}/overhead-{label}", "size": size,
+                                 "scenario": f"overhead-{label}",
+                                 "steps": ["save"] * args.overhead, "tensors": tensors,
+                                 "numel": numel, "cached": True, "timeout": args.timeout},
+                                disable, args.ranks, args.timeout * args.overhead + 300,
+                                args.launcher))
     return 0
 
 

@@ -52,20 +52,26 @@ def lifecycle_table(rows, size):
 
 
 def overhead_table(rows):
-    out = ["| NVRx | size | saves | median blocking, vanilla | median blocking, package | ratio |",
-           "|---|---|---|---|---|---|"]
+    """Median blocking time of ordinary cached saves per variant (the first two saves of
+    each process, which start the worker and prime the cache, are left out)."""
+    out = ["| NVRx | device | size | saves per variant | vanilla | package | package without "
+           "worker_watch | package / vanilla | worker_watch's cost |",
+           "|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
-        if str(r.get("scenario", "")).startswith("overhead-"):
-            # the first save spawns the worker; the cached saves follow
-            times = [s["blocked_s"] for s in r["saves"][2:]]
-            by.setdefault((r["nvrx"], r["size"]), {})[r["scenario"]] = times
-    for (nvrx, size), runs in sorted(by.items()):
-        if len(runs) == 2:
-            a = statistics.median(runs["overhead-vanilla"])
-            b = statistics.median(runs["overhead-package"])
-            out.append(f"| {nvrx} | {size} | {len(runs['overhead-package'])} | {a:.4f} s | "
-                       f"{b:.4f} s | {b / a:.3f} |")
+        if str(r.get("scenario", "")).startswith("overhead-") and r.get("saves"):
+            key = (r["nvrx"], r["device"].split()[0], r["size"])
+            by.setdefault(key, {}).setdefault(r["scenario"][len("overhead-"):], []).extend(
+                s["blocked_s"] for s in r["saves"][2:])
+    for (nvrx, device, size), runs in sorted(by.items()):
+        if {"vanilla", "package"} <= set(runs):
+            med = {name: statistics.median(times) for name, times in runs.items()}
+            watch = (f"{(med['package'] / med['no-watch'] - 1) * 100:+.1f} %"
+                     if "no-watch" in med else "not run")
+            out.append(f"| {nvrx} | {device} | {size} | {len(runs['package'])} | "
+                       f"{med['vanilla']:.4f} s | {med['package']:.4f} s | "
+                       f"{med.get('no-watch', float('nan')):.4f} s | "
+                       f"{med['package'] / med['vanilla']:.3f} | {watch} |")
     return "\n".join(out)
 
 

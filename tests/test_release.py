@@ -4,6 +4,7 @@ and on the CPU stand-in "holds" is a mapped shared-memory segment of the trainer
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -147,3 +148,28 @@ def test_release_with_no_queue_says_so():
     assert result["released"] == 0
     assert result["skipped"] in (["queues: no live AsyncCallsQueue"],
                                  ["all: this NVRx has no worker cache"])
+
+
+@needs_cache
+@pytest.mark.worker
+def test_a_rank_that_releases_alone_is_reported_and_goes_on_once_the_other_finalizes(tmp_path):
+    """Rank 0 calls release() with a save pending, rank 1 does not (it finalizes 8 s
+    later): rank 0 logs one ERROR naming the all-reduce and the rule, then goes on."""
+    steps = "save,save-async,flush@0,sleep8@1,finalize,save"
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps, "--rank", str(rank),
+         "--world-size", "2", "--dir", str(tmp_path), "--timeout", "60", "--numel", "512"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=dict(os.environ, NVRX_IPC_FIX_STALL_TIMEOUT="3", NVRX_IPC_FIX_AUTO="0"))
+        for rank in (0, 1)]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    alone, other = reports
+    assert [s["stale"] for s in alone["saves"]] == [s["stale"] for s in other["saves"]] == [0] * 3
+    assert [entry["level"] for entry in alone["log"]] == ["ERROR", "WARNING"]
+    assert "finalize all-reduce (sync_all_async_calls)" in alone["log"][0]["message"]
+    assert "call release() on every rank, in the same order" in alone["log"][0]["message"]
+    assert other["log"] == []

@@ -39,10 +39,10 @@ def release_if_needed():
     """``release()`` when a queue may hold IPC handles it took since its last release."""
     from ._release import has_live_worker, holds_ipc, release, saved_since_release
 
-    core = sys.modules.get(CORE)
-    if core is None:
+    queues = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)  # None while importing
+    if queues is None:
         return None
-    for queue in core.AsyncCallsQueue.get_instances():
+    for queue in queues.get_instances():
         if has_live_worker(queue) and holds_ipc(queue) and saved_since_release(queue):
             return release()
     return None

@@ -17,11 +17,30 @@ def when_imported(name, hook):
     """Run ``hook(module)`` after ``name`` is imported, or now if it already is."""
     module = sys.modules.get(name)
     if module is not None:
-        _call(hook, module)
+        now_or_when_ready(module, hook)
         return
     _hooks.setdefault(name, []).append(hook)
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+
+
+def now_or_when_ready(module, hook):
+    """``hook(module)`` now, or, while the module is still executing (imported in another
+    thread, or partway through a circular import), from a helper thread once it is done."""
+    if not getattr(getattr(module, "__spec__", None), "_initializing", False):
+        _call(hook, module)
+        return
+    import threading
+    import time
+
+    def wait():
+        while getattr(module.__spec__, "_initializing", False):
+            time.sleep(0.01)
+        if sys.modules.get(module.__name__) is module:
+            _call(hook, module)
+
+    threading.Thread(target=wait, name=f"nvrx_ipc_fix: after import {module.__name__}",
+                     daemon=True).start()
 
 
 def _call(hook, module):

@@ -75,7 +75,7 @@ def enable(source, claim=False):
                     _hooked.add(module_name)
                     _hooks.when_imported(module_name, _on_import)  # runs now if imported
                 elif module_name in sys.modules:
-                    _on_import(sys.modules[module_name])
+                    _hooks.now_or_when_ready(sys.modules[module_name], _on_import)
 
 
 def deactivate():

@@ -49,16 +49,25 @@ _run_hidden_sitecustomize()
 
 
 def install(directory):
-    """Write ``directory/sitecustomize.py``; return ``(exit code, message)``."""
-    path = os.path.join(os.path.abspath(directory), "sitecustomize.py")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as existing:
-            if not existing.read().startswith(MARKER):
-                return 1, (f"{path} exists and is not ours; not touched. Use a directory "
-                           "earlier on sys.path: the file written there runs this one.")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as out:
-        out.write(TEMPLATE)
+    """Write ``directory/sitecustomize.py``; return ``(exit code, message)``. Never raises
+    for a bad path: a missing directory is made, anything else is reported."""
+    if not str(directory).strip():
+        return 1, "DIR is empty: name the directory to write sitecustomize.py into."
+    target = os.path.abspath(directory)
+    if os.path.exists(target) and not os.path.isdir(target):
+        return 1, f"{target} is not a directory; nothing changed."
+    path = os.path.join(target, "sitecustomize.py")
+    try:
+        if os.path.lexists(path):
+            with open(path, encoding="utf-8", errors="replace") as existing:
+                if not existing.read().startswith(MARKER):
+                    return 1, (f"{path} exists and is not ours; not touched. Use a directory "
+                               "earlier on sys.path: the file written there runs this one.")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(TEMPLATE)
+    except OSError as exc:
+        return 1, f"cannot write {path}: {exc.strerror or exc}; nothing changed."
     return 0, (f"wrote {path}: processes whose sys.path has {os.path.dirname(path)} ahead of "
                "any other sitecustomize activate nvrx_ipc_fix at start-up (source "
                "'sitecustomize') and still run the sitecustomize it hides.")

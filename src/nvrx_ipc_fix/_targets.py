@@ -51,9 +51,12 @@ def release_policy(module):
 
 def worker_cache(core):
     """NVRx core: does the persistent worker keep a data cache?"""
-    if core is None:
-        return None
-    if hasattr(core.PersistentAsyncCaller, "_worker_data_cache"):
+    caller = getattr(core, "PersistentAsyncCaller", None)
+    if caller is None:
+        if core is None or _initializing(core):
+            return None  # decided once the module is imported
+        return "not_applicable", "this NVRx has no persistent worker"
+    if hasattr(caller, "_worker_data_cache"):
         return "active", "NVRx caches tensors in its persistent worker"
     return "not_applicable", ("this NVRx has no worker cache "
                               "(no PersistentAsyncCaller._worker_data_cache)")
@@ -61,9 +64,11 @@ def worker_cache(core):
 
 def writer_cache(fs):
     """NVRx filesystem_async: is the IPC cache there, and does it check data pointers?"""
-    if fs is None:
-        return None
-    writer = fs.FileSystemWriterAsync
+    writer = getattr(fs, "FileSystemWriterAsync", None)
+    if writer is None:
+        if fs is None or _initializing(fs):
+            return None  # decided once the module is imported
+        return "not_applicable", "this NVRx has no FileSystemWriterAsync"
     if "_cached_identifiers" not in vars(writer):
         return "not_applicable", ("this NVRx has no IPC tensor cache "
                                   "(no FileSystemWriterAsync._cached_identifiers)")
@@ -107,6 +112,11 @@ def worker_loop(module):
     if start is None or "async_process_target" in start.__code__.co_names:
         return "unsupported", "async_process_target may be the worker's Process target (pickled)"
     return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
+
+
+def _initializing(module):
+    """Is ``module`` still executing (imported in another thread, say)?"""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 class Target:

@@ -15,7 +15,9 @@ what it holds: its pid, cached keys and mapped shared-memory segments), and
 ``fault-<kind>`` or ``fault-<kind>@<rank>`` (a save whose worker fails as
 ``nvrx_ipc_fix.faults.KINDS`` says, on every rank or only on ``<rank>``; the others save
 normally; the exception each rank saw is reported, and a rank whose save could not be
-handed over then finalizes, as a training loop does, so the failure reaches the others).
+handed over then finalizes, as a training loop does, so the failure reaches the others),
+``finalize`` (a blocking finalize of pending saves) and ``sleep<seconds>``. Any step
+but a fault, written ``<step>@<rank>``, runs on that rank only.
 ``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue`` (persistent worker) instead.
 
 A watchdog turns a step into a reported hang when it has not finished within
@@ -264,6 +266,11 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl)
     watchdog = _Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
+        name, _, only = step.partition("@")
+        if only and not name.startswith("fault-"):  # a fault step sees every rank
+            if int(only) != rank:
+                continue  # another rank's step
+            step = name
         watchdog.begin(index)
         try:
             _step(trainer, report, index, step, n_tensors, rank)
@@ -308,6 +315,10 @@ def _step(trainer, report, index, step, n_tensors, rank):
             report["saves"].append(dict(saved, tensors=n_tensors))  # reach this one)
     elif step in ("replace", "offload", "onload"):
         getattr(trainer, step)()
+    elif step == "finalize":
+        trainer.queue.maybe_finalize_async_calls(blocking=True)
+    elif step.startswith("sleep"):
+        time.sleep(float(step[len("sleep"):]))
     elif step == "measure":
         report.setdefault("measures", []).append(trainer.measure())
     elif step == "close":

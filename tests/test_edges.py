@@ -1,0 +1,297 @@
+"""Every switch, argument and sub-command at its edges (infinite, NaN, huge, zero,
+negative, empty, wrong case, unknown), ``release()`` interrupted at each of its steps and
+called from another thread, and the public functions while another thread imports NVRx:
+each with its expected outcome, and what it leaves behind lets the next save succeed."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import expect, needs_cache, needs_nvrx, run_process, run_python
+
+NAN, INF = "nan", "inf"
+
+# (variable, value) -> what the package makes of it, and whether it warns (once)
+ENV_CASES = [
+    # the kill switch: understood values, else the whole package is off
+    ("NVRX_IPC_FIX_DISABLE", "", "on", False),
+    ("NVRX_IPC_FIX_DISABLE", " No ", "on", False),
+    ("NVRX_IPC_FIX_DISABLE", "OFF", "on", False),
+    ("NVRX_IPC_FIX_DISABLE", "1", "off", False),
+    ("NVRX_IPC_FIX_DISABLE", " TRUE", "off", False),
+    ("NVRX_IPC_FIX_DISABLE", "stale_guard", "on: stale_guard", False),
+    ("NVRX_IPC_FIX_DISABLE", "WORKER_WATCH , Stale_Guard", "on: stale_guard,worker_watch",
+     False),
+    ("NVRX_IPC_FIX_DISABLE", "stale_gaurd", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "stale_guard,bogus", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", ",", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "2", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "-1", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", INF, "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "ja", "off", True),
+    # start-up activation: a value that is not understood turns it off too
+    ("NVRX_IPC_FIX_AUTO", "", True, False),
+    ("NVRX_IPC_FIX_AUTO", "ON", True, False),
+    ("NVRX_IPC_FIX_AUTO", " 0 ", False, False),
+    ("NVRX_IPC_FIX_AUTO", "maybe", False, True),
+    ("NVRX_IPC_FIX_AUTO", "-1", False, True),
+    # everything else: one warning and the default
+    ("NVRX_IPC_FIX_STRATEGY", "TERMINATE", "terminate", False),
+    ("NVRX_IPC_FIX_STRATEGY", "", "flush", False),
+    ("NVRX_IPC_FIX_STRATEGY", "nuke", "flush", True),
+    ("NVRX_IPC_FIX_RELEASE", "Finalize", "finalize", False),
+    ("NVRX_IPC_FIX_RELEASE", "OFF", "never", False),
+    ("NVRX_IPC_FIX_RELEASE", "none", "never", False),
+    ("NVRX_IPC_FIX_RELEASE", "sometimes", "offload", True),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "", 60.0, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "0.5", 0.5, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", INF, INF, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1e400", INF, False),  # parses as inf
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1e300", 1e300, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", NAN, 60.0, True),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "0", 60.0, True),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "-5", 60.0, True),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "-inf", 60.0, True),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "soon", 60.0, True),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "", 300.0, False),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "0", INF, False),  # off
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", INF, INF, False),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "2.5", 2.5, False),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", NAN, 300.0, True),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "-1", 300.0, True),
+    ("NVRX_IPC_FIX_LOG_LEVEL", "DEBUG", "debug", False),
+    ("NVRX_IPC_FIX_LOG_LEVEL", "loud", None, True),
+]
+
+READ_ENV = """
+    import json, os, warnings
+    from nvrx_ipc_fix import _config
+    from nvrx_ipc_fix._targets import FIXES
+    def read(name):
+        if name == _config.DISABLE:
+            off = _config.disabled_fixes(tuple(FIXES))
+            return "off" if off is None else ("on: " + ",".join(sorted(off)) if off else "on")
+        if name == _config.LOG_LEVEL:
+            from nvrx_ipc_fix._log import logger
+            logger.setLevel(logging.NOTSET)
+            _config.configure_logging()
+            return logging.getLevelName(logger.level).lower() if logger.level else None
+        value = {_config.AUTO: _config.auto, _config.STRATEGY: _config.strategy,
+                 _config.RELEASE: _config.release_policy,
+                 _config.RELEASE_TIMEOUT: _config.release_timeout,
+                 _config.STALL_TIMEOUT: _config.stall_timeout}[name]()
+        return "inf" if value == float("inf") else value
+    import logging
+    out = []
+    for name, value in CASES:
+        os.environ[name] = value
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first, second = read(name), read(name)  # warned once, however often it is read
+        out.append([first, second, len(caught)])
+        del os.environ[name]
+    print(json.dumps(out))
+"""
+
+
+def test_every_environment_variable_at_its_edges():
+    cases = [(name, value) for name, value, _, _ in ENV_CASES]
+    seen = run_python(f"CASES = {cases!r}\n" + READ_ENV.replace("\n    ", "\n"))
+    for (name, value, wanted, warns), (first, second, warnings) in zip(ENV_CASES, seen):
+        assert first == second == wanted, (name, value, first)
+        assert warnings == int(warns), (name, value, warnings)
+
+
+@pytest.mark.parametrize("value", ["stale_gaurd", "2", ","])
+def test_a_kill_switch_it_does_not_understand_turns_the_package_off(value):
+    rc, out, err = run_process([sys.executable, "-c", (
+        "import json, nvrx_ipc_fix; s = nvrx_ipc_fix.activate();"
+        "print(json.dumps([s.activated, sorted({str(f.state) for f in s.fixes})]))")],
+        env={"NVRX_IPC_FIX_DISABLE": value})
+    assert rc == 0, err
+    assert json.loads(out) == [False, ["disabled"]]
+    assert err.count("the whole package is off") == 1
+
+
+BAD_ARGUMENTS = """
+    import json, math
+    import nvrx_ipc_fix
+    out = {}
+    for label, kwargs in [("timeout=0", dict(timeout=0)), ("timeout=-1", dict(timeout=-1)),
+                          ("timeout=nan", dict(timeout=math.nan)),
+                          ("timeout=-inf", dict(timeout=-math.inf)),
+                          ("timeout='5'", dict(timeout="5")), ("timeout=True", dict(timeout=True)),
+                          ("strategy=''", dict(strategy="")), ("strategy='kill'", dict(strategy="kill")),
+                          ("strategy=3", dict(strategy=3)), ("queue=object()", dict(queue=object()))]:
+        try:
+            nvrx_ipc_fix.release(**kwargs)
+            out[label] = "accepted"
+        except (ValueError, TypeError) as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+    for label, kwargs in [("timeout=inf", dict(timeout=math.inf)),
+                          ("timeout=1e308", dict(timeout=1e308)),
+                          ("timeout=10**400", dict(timeout=10 ** 400)),
+                          ("strategy=' FLUSH '", dict(strategy=" FLUSH "))]:
+        out[label] = nvrx_ipc_fix.release(**kwargs).strategy
+    print(json.dumps(out))
+"""
+
+
+def test_release_rejects_bad_arguments_naming_what_is_allowed():
+    seen = run_python(BAD_ARGUMENTS)
+    for label in ("timeout=0", "timeout=-1", "timeout=nan", "timeout=-inf", "timeout='5'",
+                  "timeout=True"):
+        assert seen[label].startswith("ValueError: timeout must be a number of seconds > 0 "
+                                      "(inf: no limit)"), seen[label]
+    for label in ("strategy=''", "strategy='kill'", "strategy=3"):
+        assert seen[label].startswith("ValueError: strategy must be one of flush, terminate")
+    assert seen["queue=object()"] == ("TypeError: queue must be an NVRx AsyncCallsQueue or "
+                                      "None, not object")
+    assert seen["timeout=inf"] == seen["timeout=1e308"] == seen["timeout=10**400"] == "flush"
+    assert seen["strategy=' FLUSH '"] == "flush"
+
+
+# A trainer through release() interrupted at each of its steps (and called from another
+# thread, and with no time limit): after each, a save must be correct and nothing hang.
+INTERRUPTED = """
+    import json, math, tempfile, threading
+    import nvrx_ipc_fix
+    from nvrx_ipc_fix import _cleanup, _release, scenario
+    results = {}
+    with tempfile.TemporaryDirectory() as d:
+        t = scenario.Trainer(d, 4, 256)
+        t.save(); t.save()
+
+        def checked_save(label):
+            _, _, path, version = t.save()
+            results[label] = {"stale": t.stale_tensors(path, version),
+                              "pending": t.queue.get_num_unfinalized_calls()}
+
+        def interrupt(owner, name, exc=KeyboardInterrupt):
+            original = getattr(owner, name)
+            def boom(*a, **k):
+                raise exc(f"injected into {name}")
+            setattr(owner, name, boom)
+            return lambda: setattr(owner, name, original)
+
+        for label, owner, name in [
+                ("finalizing pending saves", t.queue, "maybe_finalize_async_calls"),
+                ("forgetting the keys", _cleanup, "forget_keys"),
+                ("sending the request", None, "put"),
+                ("waiting for the answer", _release, "_answer"),
+                ("cleaning up after it", _cleanup, "clear_trainer_caches")]:
+            t.save(wait=False)  # a pending save for release() to finalize
+            owner = owner or t.queue.persistent_caller.queue
+            restore = interrupt(owner, name)
+            try:
+                nvrx_ipc_fix.release(t.queue)
+                results[label] = "not interrupted"
+            except KeyboardInterrupt:
+                pass
+            finally:
+                restore()
+                if name == "put":
+                    del owner.put  # the instance attribute: back to the class's method
+            t.queue.maybe_finalize_async_calls(blocking=True)
+            checked_save(label)
+
+        report = nvrx_ipc_fix.release(t.queue, timeout=math.inf)
+        results["timeout=inf"] = {"error": report.error, "kept": report.worker_kept}
+        checked_save("after timeout=inf")
+
+        box = {}
+        worker = threading.Thread(target=lambda: box.update(r=nvrx_ipc_fix.release(t.queue)))
+        worker.start(); worker.join(120)
+        results["from another thread"] = {"kept": box["r"].worker_kept, "error": box["r"].error}
+        checked_save("after another thread's release")
+        t.close()
+    print(json.dumps(results))
+"""
+
+
+@needs_cache
+@pytest.mark.worker
+def test_release_interrupted_at_each_step_leaves_the_next_save_correct():
+    seen = run_python(INTERRUPTED, timeout=400)
+    for label in ("finalizing pending saves", "forgetting the keys", "sending the request",
+                  "waiting for the answer", "cleaning up after it", "after timeout=inf",
+                  "after another thread's release"):
+        assert seen[label] == {"stale": 0, "pending": 0}, (label, seen[label])
+    assert seen["timeout=inf"] == {"error": None, "kept": True}
+    assert seen["from another thread"] == {"kept": True, "error": None}
+
+
+@needs_cache
+@pytest.mark.worker
+def test_release_timeout_inf_from_the_environment_then_ordinary_saves():
+    from conftest import scenario
+
+    report = scenario(["save", "save", "flush", "save", "replace", "save"],
+                      env={"NVRX_IPC_FIX_RELEASE_TIMEOUT": "inf"})
+    assert report["hang"] is None, report["stderr"]
+    assert report["releases"][0]["error"] is None and report["releases"][0]["worker_kept"]
+    assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
+
+
+DURING_IMPORT = """
+    import json, sys, threading, importlib
+    import nvrx_ipc_fix
+    CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+    FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+    errors, calls, done = [], 0, threading.Event()
+
+    def hammer():
+        global calls
+        while not done.is_set():
+            for call in (nvrx_ipc_fix.status, nvrx_ipc_fix.activate, nvrx_ipc_fix.deactivate,
+                         nvrx_ipc_fix.activate, nvrx_ipc_fix.release,
+                         lambda: nvrx_ipc_fix.offloading().__enter__(),
+                         nvrx_ipc_fix.ray_worker_setup, lambda: nvrx_ipc_fix.CheckpointWorkerError):
+                try:
+                    call()
+                    calls += 1
+                except Exception as exc:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    importlib.import_module(CORE); importlib.import_module(FS)
+    done.set(); thread.join()
+    nvrx_ipc_fix.activate()
+    core = sys.modules[CORE]
+    depth, f = 0, vars(core.PersistentAsyncCaller)["close"]
+    while hasattr(f, "__wrapped__"):
+        depth, f = depth + 1, f.__wrapped__
+    status = nvrx_ipc_fix.status()
+    print(json.dumps({"errors": errors[:5], "calls": calls, "close_depth": depth,
+                      "states": {t.fix + " " + t.target: str(t.state) for t in status.targets}}))
+"""
+
+
+@needs_nvrx
+def test_public_functions_while_another_thread_imports_nvrx():
+    seen = run_python(DURING_IMPORT, timeout=240)
+    assert seen["errors"] == [] and seen["calls"] > 0
+    assert seen["close_depth"] == 1 + int(expect("cache"))  # patched once, never stacked
+    core = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+    assert seen["states"][f"worker_watch {core}:PersistentAsyncCaller.close"] == "active"
+
+
+@pytest.mark.parametrize("directory, code, words", [
+    ("/proc/nvrx-ipc-fix-test", 1, "cannot write"),
+    ("/etc/hostname", 1, "is not a directory"),
+    ("/dev/null", 1, "is not a directory"),
+    ("", 1, "DIR is empty"),
+    ("   ", 1, "DIR is empty"),
+    ("{tmp}/odd dir é\tx", 0, "wrote"),
+    ("{tmp}/a/b/c", 0, "wrote"),  # made
+    ("{tmp}/dir-named-sitecustomize", 1, "Is a directory"),
+])
+def test_install_sitecustomize_at_odd_paths(tmp_path, directory, code, words):
+    (tmp_path / "dir-named-sitecustomize" / "sitecustomize.py").mkdir(parents=True)
+    directory = directory.format(tmp=tmp_path)
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "install-sitecustomize",
+                                directory])
+    assert rc == code, out + err
+    assert words in out + err and "Traceback" not in err
