@@ -15,8 +15,9 @@ package), ``terminate`` / ``flush`` (``nvrx_ipc_fix.release``), ``auto`` (NeMo R
 ``offload_before_refit``, copied in tests/faithful, with the package releasing on its own),
 ``no_cache`` (``use_cached_data_structure=False``, no package: the reference).
 ``--case LABEL=STEPS`` runs any scenario steps (worker faults, a rank that releases
-alone: ``<step>@<rank>``). ``--overhead N`` times N ordinary saves in each of ``OVERHEAD``'s variants (each size,
-separate processes, ``--rounds`` times in turn). ``--ranks N`` runs N ranks (one GPU each) per case, started by this
+alone: ``<step>@<rank>``). ``--overhead N`` times N ordinary saves, 0.5 s apart as a
+training loop's would be, in each of ``OVERHEAD``'s variants (each size, separate
+processes, ``--rounds`` times in turn). ``--ranks N`` runs N ranks (one GPU each) per case, started by this
 script (``--launcher spawn``, a shared file for the rendezvous) or by ``torchrun``.
 Without CUDA it runs on the CPU stand-in (no memory figures). Prints and appends JSON
 lines, one per rank and case.
@@ -231,7 +232,8 @@ def main():
             for label, disable in OVERHEAD:
                 record(run_case({"case": f"{size}/overhead-{label}", "size": size,
                                  "scenario": f"overhead-{label}",
-                                 "steps": ["save"] * args.overhead, "tensors": tensors,
+                                 "steps": ["save", "sleep0.5"] * args.overhead,
+                                 "tensors": tensors,
                                  "numel": numel, "cached": True, "timeout": args.timeout},
                                 disable, args.ranks, args.timeout * args.overhead + 300,
                                 args.launcher))

@@ -6,7 +6,7 @@ preload handshake of a save, a blocking finalize, a close) or in NVRx's finalize
 The waiting code registers it with ``watching()``. The thread sleeps in
 ``multiprocessing.connection.wait`` on the workers' sentinels, so a death is seen at once:
 it records the exit code and calls the wait's ``unblock``. While a wait lasts it also wakes
-every ``tick`` to sample the worker's progress (CPU time and I/O of the worker and its
+every ``tick`` (one second) to sample the worker's progress (CPU time and I/O of the worker and its
 descendants, from ``/proc``); after ``NVRX_IPC_FIX_STALL_TIMEOUT`` seconds without progress
 (for an all-reduce: without an end) it logs one ERROR, and one WARNING when the wait goes on.
 Between waits it sleeps on its wake-up pipe and samples nothing.
@@ -29,14 +29,14 @@ class Wait:
     """One registered wait (see the module doc)."""
 
     __slots__ = ("where", "process_of", "unblock", "hint", "started", "exitcode", "progress",
-                 "progress_at", "stalled_at", "ended")
+                 "progress_at", "sampled_at", "stalled_at", "ended")
 
     def __init__(self, where, process_of, unblock, hint):
         self.where = where  # "the preload handshake of save #3", shown in log lines
         self.process_of = process_of  # () -> the worker's multiprocessing.Process, or None
         self.unblock = unblock  # called from the monitor thread when the worker has died
         self.hint = hint  # the likely cause, for the stall ERROR of a wait with no worker
-        self.started = self.progress_at = time.monotonic()
+        self.started = self.progress_at = self.sampled_at = time.monotonic()
         self.exitcode = None  # set when the worker died during the wait
         self.progress = None
         self.stalled_at = None  # when the stall ERROR was logged
@@ -131,7 +131,9 @@ class _Monitor:
                     self._died(*sentinels[handle])
             now = time.monotonic()
             for wait in waits:
-                self._check_progress(wait, now, bound)
+                if now - wait.sampled_at >= tick:  # a short wait is never sampled
+                    wait.sampled_at = now
+                    self._check_progress(wait, now, bound)
 
     def _died(self, wait, process):
         wait.exitcode = exitcode(process)
@@ -149,7 +151,7 @@ class _Monitor:
             return
         process = started_process(wait.process_of()) if wait.process_of else None
         if process is not None:
-            sample = progress(process.pid)  # None (no /proc): judged by time alone
+            sample = progress(os.getpid(), itself=False)  # None (no /proc): by time alone
             if sample is not None and sample != wait.progress:
                 if wait.stalled_at is not None:
                     self.recovered(wait, "the checkpoint worker (pid %s) makes progress "
@@ -163,8 +165,9 @@ class _Monitor:
             wait.stalled_at = now
         if process is not None:
             logger.error("rank %s: %s has waited %.0f s on the checkpoint worker (pid %s), "
-                         "which is alive but made no progress (CPU or I/O) for %.0f s: stopped, "
-                         "swapping, or blocked on storage? (%s=%g s)", rank(), wait.where,
+                         "which is alive, but neither it nor this rank's other processes made "
+                         "progress (CPU or I/O) for %.0f s: stopped, swapping, or blocked on "
+                         "storage? (%s=%g s)", rank(), wait.where,
                          now - wait.started, process.pid, now - wait.progress_at,
                          _config.STALL_TIMEOUT, bound)
         else:
@@ -194,9 +197,19 @@ def watching(where, process_of=None, unblock=None, hint=None):
         _monitor.remove(wait)
 
 
-def progress(pid):
-    """CPU ticks plus I/O bytes of ``pid`` and its descendants, or None without /proc."""
-    total, seen, todo = 0, set(), [pid]
+def progress(pid, itself=True):
+    """CPU ticks plus I/O bytes of ``pid``'s descendants (and of ``pid`` itself unless
+    ``itself`` is false), or None without /proc.
+
+    The monitor samples the trainer's descendants, not only the worker: the worker may wait
+    on another helper of this rank (NVRx's results-queue manager starts during the first
+    save), and that is progress too."""
+    total, seen, todo = 0, {pid} if not itself else set(), [pid]
+    if not itself:
+        try:
+            todo = _children(pid)
+        except OSError:
+            return None
     while todo:
         current = todo.pop()
         if current in seen:
@@ -206,9 +219,7 @@ def progress(pid):
             with open(f"/proc/{current}/stat", "rb") as stat:
                 fields = stat.read().rsplit(b")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])  # utime, stime
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children", "rb") as children:
-                    todo.extend(int(child) for child in children.read().split())
+            todo.extend(_children(current))
         except (OSError, ValueError, IndexError):
             if current == pid:
                 return None
@@ -220,3 +231,11 @@ def progress(pid):
         except (OSError, ValueError, IndexError):
             pass
     return total
+
+
+def _children(pid):
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children", "rb") as children:
+            found.extend(int(child) for child in children.read().split())
+    return found

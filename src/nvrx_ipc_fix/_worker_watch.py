@@ -49,6 +49,13 @@ from ._log import hook_failed, logger
 FAILED = 1 << 20
 #: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
 SENTINEL = -7331
+#: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
+FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
+                 "checkpoints in different orders (maybe_finalize_async_save must run on "
+                 "every rank).")
+RELEASE_HINT = ("another rank has not reached it. This all-reduce runs inside "
+                "nvrx_ipc_fix.release(), which finalizes pending saves: call release() on "
+                "every rank, in the same order.")
 #: Where the worker leaves the traceback of its last uncaught exception.
 TRACEBACK_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.traceback"
 
@@ -382,17 +389,12 @@ def _collective(save, alive, failed):
 
     value = int(bool(alive)) + (FAILED if failed else 0)
     tensor = torch.tensor([value], dtype=torch.int, device=torch.cuda.current_device())
-    from ._release import releasing
-
-    hint = ("another rank has not reached it. " + (
-        "This all-reduce runs inside nvrx_ipc_fix.release(), which finalizes pending "
-        "saves: call release() on every rank, in the same order."
-        if releasing() else "A rank may have failed, or ranks finalize checkpoints in "
-        "different orders (maybe_finalize_async_save must run on every rank)."))
+    release = sys.modules.get(f"{__package__}._release")
+    hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
     with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save #{save}",
                            hint=hint):
         torch.distributed.all_reduce(tensor)
-    total = int(tensor[0])
+        total = int(tensor[0])  # NCCL returns at once: the wait is here
     if 0 <= total < FAILED:
         return total, ()
     return total, _failed_ranks(failed)
