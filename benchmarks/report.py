@@ -28,50 +28,78 @@ def load():
     return rows
 
 
-def lifecycle_table(rows, size):
-    out = ["| NVRx | scenario | held after offload (allocated) | device used over an empty "
-           "process | warm save blocks | next save blocks | next save total | release | "
-           "stale tensors | hang |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-    found = [r for r in rows if r.get("size") == size and r.get("scenario") in ORDER]
-    for r in sorted(found, key=lambda r: (r["nvrx"], ORDER.index(r["scenario"]))):
-        measure = (r.get("measures") or [{}])[0]
-        used = measure.get("device_used")
-        used = ("n/a" if used is None or r["baseline_bytes"] > CLEAN_BASELINE
-                else f"{(used - r['baseline_bytes']) / GIB:.3f} GiB")
-        last = r["saves"][-1] if r.get("saves") else {}
+def lifecycle_table(rows, size, ranks=1):
+    """One row per (NVRx, scenario[, rank]); with ``--cycles`` the worst cycle's memory, the
+    median next-save blocking time over the cycles and the stale tensors of every save."""
+    rank_col = ranks > 1
+    out = ["| NVRx | scenario |" + (" rank |" if rank_col else "") + " cycles | held after "
+           "offload (allocated) | device used over an empty process | warm save blocks | "
+           "next save blocks | next save total | release | stale tensors | hang |",
+           "|---|---|" + ("---|" if rank_col else "") + "---|---|---|---|---|---|---|---|---|"]
+    found = [r for r in rows if r.get("size") == size and r.get("scenario") in ORDER
+             and r.get("ranks", 1) == ranks and r.get("saves")]
+    for r in sorted(found, key=lambda r: (r["nvrx"], ORDER.index(r["scenario"]), r["rank"])):
+        measures = r.get("measures") or [{}]
+        held = max(m.get("allocated") or 0 for m in measures)
+        used = [m.get("device_used") for m in measures if m.get("device_used") is not None]
+        used = ("n/a" if not used or r["baseline_bytes"] > CLEAN_BASELINE
+                else f"{(max(used) - r['baseline_bytes']) / GIB:.3f} GiB")
+        after = r["saves"][2:] or r["saves"][-1:]
+        blocks = statistics.median(s["blocked_s"] for s in after)
+        total = statistics.median(s["total_s"] or float("nan") for s in after)
         seconds = r.get("auto_release_s") or (r.get("releases") or [{}])[0].get("seconds")
+        stale = sum(s["stale"] or 0 for s in r["saves"])
         out.append(
-            f"| {r['nvrx']} | {r['scenario']} | {measure.get('allocated', 0) / GIB:.3f} GiB | "
-            f"{used} | {r['saves'][1]['blocked_s']:.3f} s | "
-            f"{last.get('blocked_s', float('nan')):.3f} s | "
-            f"{last.get('total_s') or float('nan'):.2f} s | "
-            f"{'' if seconds is None else f'{seconds:.3f} s'} | {last.get('stale')} | "
+            f"| {r['nvrx']} | {r['scenario']} |" + (f" {r['rank']} |" if rank_col else "")
+            + f" {len(after)} | {held / GIB:.3f} GiB | {used} | "
+            f"{r['saves'][1]['blocked_s']:.3f} s | {blocks:.3f} s | {total:.2f} s | "
+            f"{'' if seconds is None else f'{seconds:.3f} s'} | {stale} | "
             f"{'**yes**' if r.get('hang') else 'no'} |")
     return "\n".join(out)
 
 
+def faults_table(rows):
+    """Cases with worker faults or a rank that releases alone: what each rank saw."""
+    out = ["| NVRx | case | rank | error | raised in | after | failed ranks | saves after, "
+           "stale | log | hang |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in rows if r.get("device") == "cuda" and r.get("log") is not None
+                     and (r.get("faults") or r.get("log"))),
+                    key=lambda r: (r["nvrx"], r.get("case", ""), r["rank"])):
+        fault = (r.get("faults") or [{}])[0]
+        error = fault.get("finalize_error") or fault.get("error") or {}
+        log = "; ".join(f"{e['level']} at {e['t']:.0f} s" for e in r["log"]) or "none"
+        after = fault.get("after_s")
+        out.append(f"| {r['nvrx']} | {r.get('case')} | {r['rank']} | "
+                   f"{error.get('type', 'none')} | {fault.get('raised_in') or ''} | "
+                   f"{'' if after is None else f'{after:.2f} s'} | "
+                   f"{','.join(map(str, error.get('failed_ranks', []))) or ''} | "
+                   f"{sum(s['stale'] or 0 for s in r['saves'])} | {log} | "
+                   f"{'**yes**' if r.get('hang') else 'no'} |")
+    return "\n".join(out)
+
+
 def overhead_table(rows):
-    """Median blocking time of ordinary cached saves per variant (the first two saves of
-    each process, which start the worker and prime the cache, are left out)."""
+    """Median blocking time (and save + finalize) of ordinary cached saves per variant (the
+    first two saves of each process, which start the worker and prime the cache, are left
+    out)."""
     out = ["| NVRx | device | size | saves per variant | vanilla | package | package without "
-           "worker_watch | package / vanilla | worker_watch's cost |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "worker_watch | package / vanilla | worker_watch's cost | save + blocking finalize: "
+           "without the watch, with it |", "|---|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
         if str(r.get("scenario", "")).startswith("overhead-") and r.get("saves"):
             key = (r["nvrx"], r["device"].split()[0], r["size"])
             by.setdefault(key, {}).setdefault(r["scenario"][len("overhead-"):], []).extend(
-                s["blocked_s"] for s in r["saves"][2:])
+                (s["blocked_s"], s["total_s"]) for s in r["saves"][2:])
     for (nvrx, device, size), runs in sorted(by.items()):
-        if {"vanilla", "package"} <= set(runs):
-            med = {name: statistics.median(times) for name, times in runs.items()}
-            watch = (f"{(med['package'] / med['no-watch'] - 1) * 100:+.1f} %"
-                     if "no-watch" in med else "not run")
+        if {"vanilla", "package", "no-watch"} <= set(runs):
+            med = {name: statistics.median(b for b, _ in saves) for name, saves in runs.items()}
+            tot = {name: statistics.median(t for _, t in saves) for name, saves in runs.items()}
             out.append(f"| {nvrx} | {device} | {size} | {len(runs['package'])} | "
                        f"{med['vanilla']:.4f} s | {med['package']:.4f} s | "
-                       f"{med.get('no-watch', float('nan')):.4f} s | "
-                       f"{med['package'] / med['vanilla']:.3f} | {watch} |")
+                       f"{med['no-watch']:.4f} s | {med['package'] / med['vanilla']:.3f} | "
+                       f"{(med['package'] / med['no-watch'] - 1) * 100:+.1f} % | "
+                       f"{tot['no-watch']:.3f} s, {tot['package']:.3f} s |")
     return "\n".join(out)
 
 
@@ -105,8 +133,10 @@ def main():
     parser.add_argument("--chart")
     args = parser.parse_args()
     rows = load()
-    for size in ("2g16", "2g4096", "16g64"):
-        print(f"### {size}\n\n{lifecycle_table(rows, size)}\n")
+    for ranks in (1, 2):
+        for size in ("2g16", "2g4096", "16g64"):
+            print(f"### {size}, {ranks} rank(s)\n\n{lifecycle_table(rows, size, ranks)}\n")
+    print(f"### faults and collective misuse\n\n{faults_table(rows)}\n")
     print(f"### overhead\n\n{overhead_table(rows)}\n")
     if args.chart:
         chart(rows, args.chart)

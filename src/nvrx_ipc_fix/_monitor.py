@@ -3,13 +3,15 @@ waits that make no progress.
 
 A *wait* is a stretch of trainer code that waits on its persistent checkpoint worker (the
 preload handshake of a save, a blocking finalize, a close) or in NVRx's finalize all-reduce.
-The waiting code registers it with ``watching()``. The thread sleeps in
-``multiprocessing.connection.wait`` on the workers' sentinels, so a death is seen at once:
-it records the exit code and calls the wait's ``unblock``. While a wait lasts it also wakes
-every ``tick`` (one second) to sample the worker's progress (CPU time and I/O of the worker and its
-descendants, from ``/proc``); after ``NVRX_IPC_FIX_STALL_TIMEOUT`` seconds without progress
-(for an all-reduce: without an end) it logs one ERROR, and one WARNING when the wait goes on.
-Between waits it sleeps on its wake-up pipe and samples nothing.
+The waiting code registers it with ``watching()``, which only appends it to a list: an
+ordinary save pays no system call and wakes no thread. The thread, started with the first
+wait, looks at the list every ``tick`` (one second) and blocks in
+``multiprocessing.connection.wait`` on the sentinels of the workers it found there, so a
+death is seen within a tick: it records the exit code and calls the wait's ``unblock``.
+For a wait older than a tick it also samples progress (CPU time and I/O of this rank's
+helper processes, from ``/proc``); after ``NVRX_IPC_FIX_STALL_TIMEOUT`` seconds without
+any (for an all-reduce: without an end) it logs one ERROR, and one WARNING when the wait
+goes on or ends.
 """
 
 from __future__ import annotations
@@ -70,30 +72,29 @@ def exitcode(process, settle=1.0):
 
 
 class _Monitor:
+    """Registering a wait costs a list append: the thread, once started, looks at the list
+    every tick and blocks on the sentinels of the workers it found there."""
+
     def __init__(self):
         self.lock = threading.Lock()
         self.waits = []
         self.thread = None
-        self.wake_r, self.wake_w = None, None
 
     def add(self, wait):
         with self.lock:
-            if self.thread is None or not self.thread.is_alive():
-                self.wake_r, self.wake_w = os.pipe()
+            self.waits.append(wait)
+            if self.thread is None:
                 self.thread = threading.Thread(target=self._run, name="nvrx_ipc_fix-monitor",
                                                daemon=True)
                 self.thread.start()
-            self.waits.append(wait)
-        self._wake()
 
     def remove(self, wait):
         with self.lock:
             wait.ended = True
-            if wait in self.waits:
-                self.waits.remove(wait)
-        self.recovered(wait, "%s ended after %.0f s", wait.where,
-                       time.monotonic() - wait.started)
-        self._wake()
+            self.waits.remove(wait)
+        if wait.stalled_at is not None:
+            self.recovered(wait, "%s ended after %.0f s", wait.where,
+                           time.monotonic() - wait.started)
 
     def recovered(self, wait, message, *args):
         """The WARNING that follows a stall ERROR, once per stall."""
@@ -103,32 +104,23 @@ class _Monitor:
             wait.stalled_at = None
         logger.warning("rank %s: " + message, rank(), *args)
 
-    def _wake(self):
-        try:
-            os.write(self.wake_w, b"x")
-        except (OSError, TypeError):
-            pass
-
     def _run(self):
         while True:
             with self.lock:
                 waits = list(self.waits)
-            bound = _config.stall_timeout() if waits else None
+            bound = _config.stall_timeout()
+            tick = min(1.0, max(0.05, bound / 4))
             sentinels = {}
             for wait in waits:
                 process = started_process(wait.process_of()) if wait.process_of else None
                 if process is not None and wait.exitcode is None:
                     sentinels[process.sentinel] = (wait, process)
-            tick = None if not waits else min(1.0, max(0.05, bound / 4))
             try:
-                ready = connection.wait([self.wake_r, *sentinels], tick)
+                ready = connection.wait(list(sentinels), tick) if sentinels else time.sleep(tick)
             except OSError:  # a sentinel closed under us: look again
                 continue
-            if self.wake_r in ready:
-                os.read(self.wake_r, 4096)
-            for handle in ready:
-                if handle in sentinels:
-                    self._died(*sentinels[handle])
+            for handle in ready or ():
+                self._died(*sentinels[handle])
             now = time.monotonic()
             for wait in waits:
                 if now - wait.sampled_at >= tick:  # a short wait is never sampled
