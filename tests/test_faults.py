@@ -5,13 +5,15 @@ failed save is never finalized, the next save is correct value by value, and the
 exits normally. Faults are injected inside the worker (``nvrx_ipc_fix.faults``)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import MCORE, PTH, _env, expect, needs_nvrx, run_process, scenario
+from conftest import MCORE, NVRX, PTH, _env, expect, needs_nvrx, run_process, scenario
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -183,3 +185,45 @@ def test_mcore_without_the_package_waits_for_ever():
     report = json.loads(out.strip().splitlines()[-1])
     assert report["hang"] is not None and report["hang"]["worker_died"]
 
+
+
+EXITS = {  # a training script that ends without closing its queue
+    "forgot-close": "t.save()",
+    "abort-then-save": "t.save(); t.queue.close(abort=True); t.save()",  # an in-process restart
+}
+EXIT = """
+    import tempfile
+    from nvrx_ipc_fix import scenario
+    if __name__ == "__main__":
+        t = scenario.Trainer(tempfile.mkdtemp(), 4, 256)
+        {body}
+        print("saved; the interpreter closes the queue", flush=True)
+"""
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
+@pytest.mark.parametrize("case", list(EXITS))
+def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
+    """Without the package the exit waits for ever: NVRx 0.4.1 and 0.5.0 on their
+    non-daemonic worker, which multiprocessing joins; after an abort and a save also 0.6.0
+    and 0.7.0, whose ``__del__`` closes the queue after multiprocessing stopped the worker.
+    With it, ``at_exit`` tells the workers to stop and nothing waits on a dead one."""
+    if case == "abort-then-save" and NVRX == "0.4.1":
+        pytest.skip("NVRx 0.4.1 has no close(abort=True)")
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(EXIT).replace("{body}", EXITS[case]))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=_env(fix, auto=False))
+    try:
+        out, _ = proc.communicate(timeout=40)
+        hung = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        hung = True
+    assert "saved" in out
+    if fix:
+        assert not hung and proc.returncode == 0
+    else:
+        assert hung == (case == "abort-then-save" or not expect("cache"))

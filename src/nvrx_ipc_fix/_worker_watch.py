@@ -26,11 +26,13 @@ into the worker is touched):
 
 After a failure the dead worker's queues are closed, the queue forgets the caller (the next
 save spawns a fresh worker) and the trainer-side caches are cleared (it sends full tensors).
+At exit, workers nobody closed are told to stop (``at_exit``), so no exit waits on one.
 Nothing here waits or talks to other ranks while the interpreter shuts down.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import inspect
 import os
@@ -69,15 +71,40 @@ class _CallerState:
         self.outstanding = collections.deque()  # call_idx scheduled, completion not consumed
 
 
-_callers = weakref.WeakKeyDictionary()  # caller -> _CallerState
+_callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the callers at_exit stops
+_exit_pid = None  # the process that registered at_exit (a forked child must not run it)
 _failed = weakref.WeakKeyDictionary()  # AsyncCallsQueue -> [CheckpointWorkerError] to finalize
 
 
 def _state(caller):
+    global _exit_pid
     state = _callers.get(caller)
     if state is None:
         state = _callers[caller] = _CallerState()
+        if _exit_pid != os.getpid():
+            _exit_pid = os.getpid()
+            atexit.register(at_exit)
     return state
+
+
+def at_exit():
+    """At interpreter exit, before multiprocessing joins its non-daemonic children (NVRx
+    0.4.1 and 0.5.0 workers: the exit would wait on them for ever) and terminates the
+    daemonic ones: ask every worker nobody closed to stop after its current request, and
+    forget it, so NVRx's own close from ``__del__`` later has nothing to wait on. Nothing
+    is finalized (that would take collectives)."""
+    if _exit_pid != os.getpid():
+        return
+    for caller in list(_callers):
+        process = _monitor.started_process(process_of(caller))
+        if process is None:
+            continue
+        try:
+            if process.exitcode is None:
+                queues_of(caller)[0].put("DONE")
+        except Exception:
+            pass
+        forget_process(caller, process)
 
 
 # -- the two implementations: NVRx's caller and megatron-core's ----------------------------
@@ -306,16 +333,21 @@ def abandon(caller):
             process.join(1.0)
         except Exception:
             pass
-    if process is not None and getattr(type(caller), "_persistent_process", None) is process:
-        cls = type(caller)  # megatron-core keeps one worker per process, on the class
-        cls._persistent_process = cls._persistent_queue = None
+    forget_process(caller, process)
+    if _cleanup.cached_key_count():
+        _cleanup.clear_trainer_caches("the checkpoint worker failed")
+
+
+def forget_process(caller, process):
+    """The caller no longer has a worker (its close does nothing)."""
+    cls = type(caller)
+    if process is not None and getattr(cls, "_persistent_process", None) is process:
+        cls._persistent_process = cls._persistent_queue = None  # megatron-core: on the class
         cls._persistent_preload_q = cls._persistent_comp_q = None
     try:
         caller.process = None
     except Exception:
         pass
-    if _cleanup.cached_key_count():
-        _cleanup.clear_trainer_caches("the checkpoint worker failed")
 
 
 def forget_caller(queue, caller):
