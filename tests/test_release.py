@@ -123,7 +123,7 @@ def test_bad_strategy_and_no_nvrx():
         print(json.dumps({"error": error, "skipped": list(report.skipped),
                           "released": report.queues_released, "freed": report.freed_bytes}))
     """)
-    assert result["error"] == "strategy must be one of flush, terminate, not 'kill'"
+    assert result["error"] == "strategy must be one of flush, terminate, restart, not 'kill'"
     assert result["skipped"] == ["all: NVRx is not imported"]
     assert result["released"] == 0 and result["freed"] == 0
 
@@ -133,7 +133,7 @@ def test_invalid_strategy_env_warns_once_and_uses_flush():
         "import nvrx_ipc_fix; print(nvrx_ipc_fix.release().strategy, "
         "nvrx_ipc_fix.release().strategy)")], env={"NVRX_IPC_FIX_STRATEGY": "nuke"})
     assert rc == 0 and out.split() == ["flush", "flush"]
-    assert err.count("NVRX_IPC_FIX_STRATEGY='nuke' is not one of flush, terminate") == 1
+    assert err.count("NVRX_IPC_FIX_STRATEGY='nuke' is not one of flush, terminate, restart") == 1
 
 
 @needs_nvrx
