@@ -66,8 +66,10 @@ def test_nothing_stale_and_no_hang_around_releases(released):
 @needs_cache
 @pytest.mark.worker
 def test_two_ranks_release_in_the_same_order(tmp_path):
-    """gloo on CPU: a pending save is finalized collectively inside release()."""
-    steps = "save,save,save-async,flush,replace,save,terminate,replace,save"
+    """gloo on CPU: a pending save is finalized collectively inside release(); each rank
+    prewarms its own worker after a restart."""
+    steps = ("save,save,save-async,flush,replace,save,terminate,replace,save,"
+             "save-async,restart,replace,prewarm,ready,save")
     procs = [subprocess.Popen(
         [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps, "--rank", str(rank),
          "--world-size", "2", "--dir", str(tmp_path), "--timeout", "60", "--numel", "512"],
@@ -80,8 +82,10 @@ def test_two_ranks_release_in_the_same_order(tmp_path):
         reports.append(json.loads(out.strip().splitlines()[-1]))
     for report in reports:
         assert report["hang"] is None
-        assert [s["stale"] for s in report["saves"]] == [0] * 5
-        assert [r["queues_released"] for r in report["releases"]] == [1, 1]
+        assert [s["stale"] for s in report["saves"]] == [0] * 7
+        assert [r["queues_released"] for r in report["releases"]] == [1, 1, 1]
+        assert report["saves"][-1]["worker"] == report["ready"][0]["pid"]
+    assert reports[0]["ready"][0]["pid"] != reports[1]["ready"][0]["pid"]
 
 
 @needs_cache
