@@ -1,8 +1,8 @@
 """GPU memory, save latency and correctness of the NVRx IPC cache, per way of releasing it.
 
     python benchmarks/gpu_lifecycle.py --out benchmarks/results/h200-nvrx070.jsonl \\
-        [--sizes 2g16,2g4096,16g64] [--scenarios vanilla,nemo_rl,terminate,flush,auto,no_cache] \\
-        [--cycles 20] [--overhead 12] [--ranks 2 [--launcher torchrun]]
+        [--sizes 2g16,2g4096,16g64] [--scenarios vanilla,nemo_rl,terminate,flush,auto,no_cache,
+        restart,auto_restart] [--cycles 20] [--overhead 12] [--ranks 2 [--launcher torchrun]]
 
 Each (size, scenario) runs in a fresh process per rank through ``nvrx_ipc_fix.scenario``:
 save, save (cache primed), then ``--cycles`` times (default 1): the scenario's release,
@@ -13,7 +13,12 @@ a hang into a reported failure.
 Scenarios: ``vanilla`` (no package), ``nemo_rl`` (NeMo RL PR #3322's sequence by hand, no
 package), ``terminate`` / ``flush`` (``nvrx_ipc_fix.release``), ``auto`` (NeMo RL's
 ``offload_before_refit``, copied in tests/faithful, with the package releasing on its own),
-``no_cache`` (``use_cached_data_structure=False``, no package: the reference).
+``no_cache`` (``use_cached_data_structure=False``, no package: the reference); ``restart``
+(``release(strategy="restart")``, ``prewarm()`` at the onload) and ``auto_restart`` (NeMo RL's
+``offload_before_refit`` and ``prepare_for_training`` with ``NVRX_IPC_FIX_STRATEGY=restart``),
+both with ``NVRX_IPC_FIX_PREWARM=start``: their ``ready`` steps wait for the prewarmed worker,
+standing in for the training between the job's start (or the onload) and the save, and report
+how long it took to start. The first save of the other scenarios starts the worker itself.
 ``--case LABEL=STEPS`` runs any scenario steps (worker faults, a rank that releases
 alone: ``<step>@<rank>``). ``--overhead N`` times N ordinary saves, 0.5 s apart as a
 training loop's would be, in each of ``OVERHEAD``'s variants (each size, separate
@@ -44,6 +49,14 @@ SCENARIOS = {  # name -> (package on, use_cached_data_structure, the release ste
     "flush": (True, True, ["flush"]),
     "auto": (True, True, ["nemo_offload_before_refit"]),
     "no_cache": (False, False, []),
+    "restart": (True, True, ["restart"]),
+    "auto_restart": (True, True, ["nemo_offload_before_refit"]),
+}
+#: Scenarios that prewarm: their environment, and the steps after the onload.
+PREWARMED = {
+    "restart": ({"NVRX_IPC_FIX_PREWARM": "start"}, ["prewarm", "ready"]),
+    "auto_restart": ({"NVRX_IPC_FIX_PREWARM": "start", "NVRX_IPC_FIX_STRATEGY": "restart"},
+                     ["nemo_prepare_for_training", "ready"]),
 }
 
 
@@ -73,7 +86,7 @@ def child(spec):
         torch.cuda.ipc_collect()
         torch.cuda.empty_cache()
 
-    def nemo_offload_before_refit(trainer):  # the real call shape; the package hooks it
+    def nemo_worker(trainer):  # NeMo RL's policy worker (copied), around the trainer's queue
         sys.path.insert(0, FAITHFUL)
         from nemo_rl.models.policy.workers.megatron_policy_worker import (
             MegatronPolicyWorkerImpl,
@@ -85,22 +98,30 @@ def child(spec):
                                      async_ckpt_use_cpu_shm=False)
         worker.mcore_state = types.SimpleNamespace(
             cfg=types.SimpleNamespace(checkpoint=ckpt), async_calls_queue=trainer.queue)
-        worker.cfg = {"generation": {"colocated": {"enabled": False}}}
-        worker.model = types.SimpleNamespace(eval=lambda: None)
+        worker.cfg = {"generation": {"colocated": {"enabled": False}},
+                      "megatron_cfg": {"empty_unused_memory_level": 0}}
+        worker.model = types.SimpleNamespace(eval=lambda: None, train=lambda: None)
         worker.move_model = lambda model, device, **kw: model
         worker.move_optimizer = lambda device: None
         worker.optimizer = None
+        return worker
+
+    def nemo_offload_before_refit(trainer):  # the real call shape; the package hooks it
         start = time.perf_counter()
-        worker.offload_before_refit()  # releases (package), then would move the optimizer
+        nemo_worker(trainer).offload_before_refit()  # releases, then would move the optimizer
         spec["auto_release_s"] = time.perf_counter() - start
 
+    def nemo_prepare_for_training(trainer):  # the model is back: restart prewarms after it
+        nemo_worker(trainer).prepare_for_training()
+
     scenario.EXTRA_STEPS.update(nemo_rl_manual=nemo_rl_manual,
-                                nemo_offload_before_refit=nemo_offload_before_refit)
+                                nemo_offload_before_refit=nemo_offload_before_refit,
+                                nemo_prepare_for_training=nemo_prepare_for_training)
     with tempfile.TemporaryDirectory(prefix="nvrx-bench-", dir=spec.get("dir")) as directory:
         report = scenario.run(spec["steps"], spec.get("shared") or directory, spec["timeout"],
                               spec["tensors"], spec["numel"], spec["cached"], spec["rank"],
                               spec["ranks"])
-    report.update({k: spec[k] for k in ("case", "size", "scenario") if k in spec})
+    report.update({k: spec[k] for k in ("case", "size", "scenario", "cycles") if k in spec})
     if "auto_release_s" in spec:
         report["auto_release_s"] = spec["auto_release_s"]
     print(json.dumps(report), flush=True)
@@ -139,8 +160,8 @@ def _stop(signum, _frame):
 
 def run_case(spec, disable, ranks, timeout, launcher="spawn"):
     """Run one case on ``ranks`` ranks with ``NVRX_IPC_FIX_DISABLE=disable`` ("": the whole
-    package on); return the rank reports (one per rank)."""
-    env = dict(os.environ, NVRX_IPC_FIX_DISABLE=disable)
+    package on) and the case's ``env``; return the rank reports (one per rank)."""
+    env = dict(os.environ, NVRX_IPC_FIX_DISABLE=disable, **spec.get("env", {}))
     shared = tempfile.mkdtemp(prefix="nvrx-bench-shared-") if ranks > 1 else None
     if launcher == "torchrun":
         port = 29500 + os.getpid() % 1000
@@ -212,10 +233,13 @@ def main():
         tensors, numel = SIZES[size]
         for name in args.scenarios.split(","):
             package, cached, release = SCENARIOS[name]
-            steps = ["save", "save"] + [*release, "offload", "measure", "onload", "save"] * cycles
+            env, onload = PREWARMED.get(name, ({}, []))
+            steps = (["ready"] if onload else []) + ["save", "save"] + [
+                *release, "offload", "measure", "onload", *onload, "save"] * cycles
             record(run_case({"case": f"{size}/{name}", "size": size, "scenario": name,
                              "cycles": cycles, "steps": steps, "tensors": tensors,
-                             "numel": numel, "cached": cached, "timeout": args.timeout},
+                             "numel": numel, "cached": cached, "timeout": args.timeout,
+                             "env": env},
                             "" if package else "1", args.ranks,
                             args.timeout * (3 + cycles) + 300, args.launcher))
     for case in args.case:

@@ -16,13 +16,16 @@ import statistics
 
 GIB = float(1 << 30)
 HERE = os.path.dirname(os.path.abspath(__file__))
-ORDER = ("vanilla", "nemo_rl", "terminate", "flush", "auto", "no_cache")
+ORDER = ("vanilla", "nemo_rl", "terminate", "flush", "auto", "no_cache", "restart",
+         "auto_restart")
+#: The scenarios compared for prewarm (issue 12): the two releases it replaces, and itself.
+PREWARM = ("flush", "terminate", "restart", "auto_restart")
 CLEAN_BASELINE = 1 << 30  # a baseline above this means another process was on the device
 
 
-def load():
+def load(pattern=os.path.join(HERE, "results", "*.jsonl")):
     rows = []
-    for path in sorted(glob.glob(os.path.join(HERE, "results", "*.jsonl"))):
+    for path in sorted(glob.glob(pattern)):
         with open(path) as lines:
             rows += [json.loads(line) for line in lines if line.strip()]
     return rows
@@ -75,6 +78,41 @@ def faults_table(rows):
                    f"{','.join(map(str, error.get('failed_ranks', []))) or ''} | "
                    f"{sum(s['stale'] or 0 for s in r['saves'])} | {log} | "
                    f"{'**yes**' if r.get('hang') else 'no'} |")
+    return "\n".join(out)
+
+
+def prewarm_table(rows, size):
+    """Per case, over all its cycles: worker processes and device memory during the inference
+    phase (the ``measure`` after each offload), a warm save, the saves after the onloads, the
+    first save of the job, the release, and how long the next worker took to start."""
+    out = ["| NVRx | scenario | cycles | worker processes during inference | device used "
+           "during inference over an empty process (max) | warm save blocks | save after "
+           "onload blocks (median / max) | max / warm | first save blocks | first / warm | "
+           "release (median) | next worker ready after (median / max) | stale tensors | hang |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    found = [r for r in rows if r.get("size") == size and r.get("scenario") in PREWARM
+             and r.get("saves")]
+    for r in sorted(found, key=lambda r: (r["nvrx"], PREWARM.index(r["scenario"]))):
+        measures, saves = r.get("measures") or [], r["saves"]
+        workers = sorted({m.get("workers") for m in measures}, key=str)
+        used = [m["device_used"] for m in measures if m.get("device_used") is not None]
+        used = ("n/a" if not used or r["baseline_bytes"] > CLEAN_BASELINE
+                else f"{(max(used) - r['baseline_bytes']) / GIB:.3f} GiB")
+        warm, first = saves[1]["blocked_s"], saves[0]["blocked_s"]
+        after = [s["blocked_s"] for s in saves[2:]] or [float("nan")]
+        release = [x["seconds"] for x in r.get("releases") or []]
+        if r.get("auto_release_s") is not None:
+            release = [r["auto_release_s"]]
+        ready = [x["ready_s"] for x in (r.get("ready") or [])[1:] if x.get("ready_s")]
+        out.append(
+            f"| {r['nvrx']} | {r['scenario']} | {r.get('cycles')} | "
+            f"{', '.join(map(str, workers))} | {used} | {warm:.3f} s | "
+            f"{statistics.median(after):.3f} / {max(after):.3f} s | {max(after) / warm:.2f} | "
+            f"{first:.3f} s | {first / warm:.2f} | "
+            f"{f'{statistics.median(release):.3f} s' if release else ''} | "
+            f"{f'{statistics.median(ready):.2f} / {max(ready):.2f} s' if ready else ''} | "
+            f"{sum(s.get('stale') or 0 for s in saves)} | "
+            f"{'**yes**' if r.get('hang') else 'no'} |")
     return "\n".join(out)
 
 
@@ -131,11 +169,15 @@ def chart(rows, path):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--chart")
+    parser.add_argument("--results", default=os.path.join(HERE, "results", "*.jsonl"),
+                        help="JSON-lines files to read (a glob)")
     args = parser.parse_args()
-    rows = load()
+    rows = load(args.results)
     for ranks in (1, 2):
         for size in ("2g16", "2g4096", "16g64"):
             print(f"### {size}, {ranks} rank(s)\n\n{lifecycle_table(rows, size, ranks)}\n")
+    for size in sorted({r.get("size") for r in rows if r.get("scenario") in PREWARM} - {None}):
+        print(f"### prewarm, {size}\n\n{prewarm_table(rows, size)}\n")
     print(f"### faults and collective misuse\n\n{faults_table(rows)}\n")
     print(f"### overhead\n\n{overhead_table(rows)}\n")
     if args.chart:

@@ -1,7 +1,8 @@
 """Automatic release, no code change: NeMo RL's offload points (faithful copies of its
 workers, tests/faithful/README.md) release the worker's IPC mappings before storage moves;
 ``NVRX_IPC_FIX_RELEASE`` picks the policy; builds with NeMo RL PR #3322 are not released
-twice."""
+twice; with the ``restart`` strategy the offload points leave no worker and the onload points
+start the next one ahead of the save."""
 
 import os
 
@@ -29,8 +30,9 @@ NEMO = f"""
                                      async_ckpt_use_cpu_shm=False)
         w.mcore_state = types.SimpleNamespace(cfg=types.SimpleNamespace(checkpoint=ckpt),
                                               async_calls_queue=trainer.queue)
-        w.cfg = {{"generation": {{"colocated": {{"enabled": colocated}}}}}}
-        w.model = types.SimpleNamespace(eval=lambda: None)
+        w.cfg = {{"generation": {{"colocated": {{"enabled": colocated}}}},
+                 "megatron_cfg": {{"empty_unused_memory_level": 0}}}}
+        w.model = types.SimpleNamespace(eval=lambda: None, train=lambda: None)
         def move_model(model, device, **kwargs):
             if device == "cpu":
                 trainer.replace()
@@ -57,11 +59,15 @@ NEMO = f"""
         "prepare_for_lp_inference": _call(_policy.MegatronPolicyWorkerImpl,
                                           "prepare_for_lp_inference"),
         "finish_training": _call(_value.MegatronValueWorkerImpl, "finish_training"),
+        "prepare_for_training": _call(_policy.MegatronPolicyWorkerImpl, "prepare_for_training"),
+        "value_prepare_for_training": _call(_value.MegatronValueWorkerImpl,
+                                            "prepare_for_training"),
         "bridge_finalize": _bridge_finalize,
     }})
 """
 OFFLOADS = ["save", "save", "offload_before_refit", "probe", "save",
-            "prepare_for_lp_inference", "probe", "save", "finish_training", "probe", "save"]
+            "prepare_for_lp_inference", "probe", "save", "finish_training", "probe", "save",
+            "prepare_for_training"]
 
 
 def keys_per_probe(report):
@@ -78,6 +84,7 @@ def test_each_offload_point_releases_first_and_keeps_the_worker():
     assert keys_per_probe(report) == [0, 0, 0]
     assert len({p["pid"] for p in report["probes"]}) == 1
     assert report["releases_total"] == 3
+    assert report["prewarms_total"] == 0  # flush: the onload points start nothing
     assert report["hang"] is None and [s["stale"] for s in report["saves"]] == [0] * 5
 
 
@@ -113,3 +120,26 @@ def test_status_shows_the_policy():
     assert run_python(code)[0] == "active"
     assert run_python(code, env={"NVRX_IPC_FIX_RELEASE": "never"}) == [
         "disabled", "NVRX_IPC_FIX_RELEASE=never"]
+
+
+# restart: the optimizer offload for log-prob inference flushes (the model comes back); the
+# refit offload terminates; the onload points start the next worker, the save takes it.
+RESTART = ["save", "save", "prepare_for_lp_inference", "probe",
+           "offload_before_refit", "measure",
+           "prepare_for_lp_inference", "ready", "prepare_for_training", "save", "probe",
+           "finish_training", "measure", "value_prepare_for_training", "ready", "save"]
+
+
+def test_restart_at_nemo_rl_s_offload_and_onload_points():
+    report = scenario(RESTART, prelude=NEMO, env={"NVRX_IPC_FIX_STRATEGY": "restart"})
+    assert report["hang"] is None, report["stderr"]
+    assert [s["stale"] for s in report["saves"]] == [0] * 4
+    flushed, prewarmed = report["probes"]
+    assert flushed["pid"] == report["saves"][1]["worker"] and flushed["keys"] == []
+    assert [m["workers"] for m in report["measures"]] == [0, 0]  # none during inference
+    at_lp, at_value = report["ready"]
+    _, _, after_lp, after_value = report["saves"]
+    assert after_lp["worker_before"] == after_lp["worker"] == prewarmed["pid"] == at_lp["pid"]
+    assert after_value["worker_before"] == after_value["worker"] == at_value["pid"]
+    assert report["prewarms_total"] == 2  # prepare_for_training found the worker started
+    assert report["releases_total"] == 3 and report["prewarm_failures"] == 0

@@ -24,6 +24,8 @@ def test_json_status_matches_the_installed_nvrx():
     watch = fixes.pop("worker_watch"), fixes.pop("mcore_worker_watch")
     assert watch == ("pending" if NVRX is None else "active",
                      "pending" if MCORE else "not_applicable")
+    assert fixes.pop("prewarm") == ("pending" if NVRX is None else
+                                    "active" if EXPECT[NVRX]["warmup"] else "not_applicable")
     if NVRX is None:
         assert fixes == {"clear_on_close": "pending", "stale_guard": "pending",
                          "release_on_offload": "not_applicable"}

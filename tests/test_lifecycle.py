@@ -66,7 +66,8 @@ def expected_depths(active, imported):
     """How many of our wrappers sit on each NVRx method in that state."""
     on = active and imported
     return {"close": int(on) + int(on and expect("cache")),  # worker_watch, clear_on_close
-            "is_current_async_call_done": int(on), "schedule_async_request": int(on),
+            "is_current_async_call_done": int(on),
+            "schedule_async_request": int(on) + int(on and expect("warmup")),  # watch, prewarm
             "prepare_write_data": int(on and expect("cache") and not expect("upstream_ptrs"))}
 
 
@@ -86,6 +87,8 @@ def expected_state(active, imported, key):
         if attr == "PersistentAsyncCaller.async_process_target":
             return "active" if expect("worker_loop") else "not_applicable"
         return "active"  # every NVRx with a persistent worker
+    if fix == "prewarm":
+        return "active" if expect("warmup") else "not_applicable"
     if not expect("cache"):
         return "not_applicable"
     if attr == "FileSystemWriterAsync.prepare_write_data" and expect("upstream_ptrs"):

@@ -67,8 +67,10 @@ def test_nothing_stale_and_no_hang_around_releases(released):
 @needs_cache
 @pytest.mark.worker
 def test_two_ranks_release_in_the_same_order(tmp_path):
-    """gloo on CPU: a pending save is finalized collectively inside release()."""
-    steps = "save,save,save-async,flush,replace,save,terminate,replace,save"
+    """gloo on CPU: a pending save is finalized collectively inside release(); each rank
+    prewarms its own worker after a restart."""
+    steps = ("save,save,save-async,flush,replace,save,terminate,replace,save,"
+             "save-async,restart,replace,prewarm,ready,save")
     procs = [subprocess.Popen(
         [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps, "--rank", str(rank),
          "--world-size", "2", "--dir", str(tmp_path), "--timeout", "60", "--numel", "512"],
@@ -81,8 +83,10 @@ def test_two_ranks_release_in_the_same_order(tmp_path):
         reports.append(json.loads(out.strip().splitlines()[-1]))
     for report in reports:
         assert report["hang"] is None
-        assert [s["stale"] for s in report["saves"]] == [0] * 5
-        assert [r["queues_released"] for r in report["releases"]] == [1, 1]
+        assert [s["stale"] for s in report["saves"]] == [0] * 7
+        assert [r["queues_released"] for r in report["releases"]] == [1, 1, 1]
+        assert report["saves"][-1]["worker"] == report["ready"][0]["pid"]
+    assert reports[0]["ready"][0]["pid"] != reports[1]["ready"][0]["pid"]
 
 
 @needs_cache
@@ -124,7 +128,7 @@ def test_bad_strategy_and_no_nvrx():
         print(json.dumps({"error": error, "skipped": list(report.skipped),
                           "released": report.queues_released, "freed": report.freed_bytes}))
     """)
-    assert result["error"] == "strategy must be one of flush, terminate, not 'kill'"
+    assert result["error"] == "strategy must be one of flush, terminate, restart, not 'kill'"
     assert result["skipped"] == ["all: NVRx is not imported"]
     assert result["released"] == 0 and result["freed"] == 0
 
@@ -134,7 +138,7 @@ def test_invalid_strategy_env_warns_once_and_uses_flush():
         "import nvrx_ipc_fix; print(nvrx_ipc_fix.release().strategy, "
         "nvrx_ipc_fix.release().strategy)")], env={"NVRX_IPC_FIX_STRATEGY": "nuke"})
     assert rc == 0 and out.split() == ["flush", "flush"]
-    assert err.count("NVRX_IPC_FIX_STRATEGY='nuke' is not one of flush, terminate") == 1
+    assert err.count("NVRX_IPC_FIX_STRATEGY='nuke' is not one of flush, terminate, restart") == 1
 
 
 @needs_nvrx

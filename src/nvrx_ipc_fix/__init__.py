@@ -13,13 +13,15 @@ from ._lifecycle import activate, deactivate, status  # noqa: E402
 from ._lifecycle import enable as _enable  # noqa: E402
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
-           "CheckpointWorkerError", "ray_runtime_env", "ray_worker_setup", "State", "Status",
+           "prewarm", "PrewarmReport", "CheckpointWorkerError", "ray_runtime_env",
+           "ray_worker_setup", "State", "Status",
            "FixStatus",
            "TargetStatus"]
 
 _LAZY = {"State": "_status", "Status": "_status", "FixStatus": "_status",
          "TargetStatus": "_status", "release": "_release", "offloading": "_release",
-         "ReleaseReport": "_release", "CheckpointWorkerError": "_errors",
+         "ReleaseReport": "_release", "prewarm": "_prewarm", "PrewarmReport": "_prewarm",
+         "CheckpointWorkerError": "_errors",
          "ray_runtime_env": "_ray"}
 
 

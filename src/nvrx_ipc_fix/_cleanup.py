@@ -42,6 +42,8 @@ class Totals:
     keys_cleared: int = 0
     freed_bytes: int = 0
     releases: int = 0
+    prewarms: int = 0  # workers started ahead of the save that needs them
+    prewarm_failures: int = 0  # of those, workers that died or failed before their first save
 
 
 totals = Totals()

@@ -21,7 +21,8 @@ AUTO = "NVRX_IPC_FIX_AUTO"
 #: ``nvrx_ipc_fix`` logger at that level. Default: no handler (a ``NullHandler`` only).
 LOG_LEVEL = "NVRX_IPC_FIX_LOG_LEVEL"
 
-#: ``flush`` (default: keep the worker) or ``terminate``: what ``release()`` does by default.
+#: ``flush`` (default: keep the worker), ``terminate`` or ``restart`` (terminate now, start the
+#: next worker when the model is back): what ``release()`` does by default.
 STRATEGY = "NVRX_IPC_FIX_STRATEGY"
 #: Seconds ``release()`` waits for the worker before terminating it. Default 60; ``inf``:
 #: no limit (a worker that dies still ends the wait).
@@ -34,6 +35,11 @@ RELEASE = "NVRX_IPC_FIX_RELEASE"
 #: all-reduce, before the package logs an ERROR (and a WARNING once the wait ends).
 #: Default 300; ``0`` or ``inf``: never.
 STALL_TIMEOUT = "NVRX_IPC_FIX_STALL_TIMEOUT"
+#: ``start`` (also ``1``, ``true``, ``yes``, ``on``): start each persistent queue's checkpoint
+#: worker when the queue is created, if ``torch.distributed`` is initialized by then, so that
+#: the first save finds it ready. Default ``off`` (also ``0``, ``false``, ``no``, ``never``,
+#: ``none``).
+PREWARM = "NVRX_IPC_FIX_PREWARM"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -109,7 +115,7 @@ def _choice(name, allowed, default):
 
 def strategy():
     """The default ``release()`` strategy."""
-    return _choice(STRATEGY, ("flush", "terminate"), "flush")
+    return _choice(STRATEGY, ("flush", "terminate", "restart"), "flush")
 
 
 def release_policy():
@@ -157,3 +163,13 @@ def stall_timeout():
     """Seconds of no progress before the stall ERROR; infinity when turned off."""
     value = _seconds_env(STALL_TIMEOUT, 300.0, allow_zero=True)
     return float("inf") if value == 0 else value
+
+
+def prewarm_at_start():
+    """Does a persistent queue start its worker when it is created (``NVRX_IPC_FIX_PREWARM``)?"""
+    raw = os.environ.get(PREWARM, "").strip().lower()
+    if raw in _TRUE or raw == "start":
+        return True
+    if raw not in _FALSE | {"never", "none"}:
+        _invalid(PREWARM, raw, "is not start or off; using off")
+    return False

@@ -79,8 +79,12 @@ def enable(source, claim=False):
 
 
 def deactivate():
-    """Put back every original we wrapped. Idempotent. Returns ``status()``."""
+    """Put back every original we wrapped and stop prewarmed workers no save has used.
+    Idempotent. Returns ``status()``."""
     global _active
+    prewarm = sys.modules.get(f"{__package__}._prewarm")
+    if prewarm is not None:
+        prewarm.stop_unused()
     with _lock:
         _active = False
         for target, patch in reversed(list(_patches.items())):  # the outermost first
@@ -94,6 +98,13 @@ def deactivate():
                 patch.enabled = False
         _verdicts.clear()
     return status()
+
+
+def installed(fix, attr):
+    """Is ``fix``'s wrapper of ``attr`` in place and switched on in this process?"""
+    with _lock:
+        return _active and any(t.fix == fix and t.attr == attr and p.enabled
+                               for t, p in _patches.items())
 
 
 def _on_import(module):
@@ -216,6 +227,8 @@ def status():
             keys_cleared=_cleanup.totals.keys_cleared,
             freed_bytes=_cleanup.totals.freed_bytes,
             releases=_cleanup.totals.releases,
+            prewarms=_cleanup.totals.prewarms,
+            prewarm_failures=_cleanup.totals.prewarm_failures,
         )
 
 

@@ -3,7 +3,11 @@
 ``flush`` keeps the worker: it finalizes pending saves, runs ``_worker.drop_cache`` inside
 the worker through the worker's own request queue, then clears the trainer's caches and
 returns the freed blocks to the device. ``terminate`` closes the worker instead (NeMo RL's
-fix); the next save pays for a new worker. Both make the next save send full tensors.
+fix); the next save pays for a new worker. ``restart`` terminates too, and the next worker is
+started ahead of the next save when the model is back (``prewarm``: at the exit of
+``offloading()``, at NeMo RL's onload points, or called by the user). All three make the next
+save send full tensors. ``terminate`` and ``restart`` also stop a worker that waits for the
+queue's first save (prewarmed, or NVRx's warm-up): it holds nothing, but it is on the device.
 A queue in CPU-shared-memory mode holds no IPC handles and is left alone (closing one
 in NVRx 0.6.0 drops its drain-before-overwrite callback for good).
 
@@ -20,11 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from queue import Empty
 
-from . import _cleanup, _config
+from . import _cleanup, _config, _prewarm
 from ._detect import CORE
 from ._log import logger
 
-STRATEGIES = ("flush", "terminate")
+STRATEGIES = ("flush", "terminate", "restart")
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,9 @@ class ReleaseReport:
         freed = (f"freed {self.freed_bytes / _cleanup.GIB:.2f} GiB on this device"
                  if self.freed_bytes >= 1 << 20 else
                  "the model's blocks are freed as the trainer drops its tensors")
+        after = "; prewarm() starts the next" if self.strategy == "restart" else ""
         return (f"released the NVRx checkpoint worker's IPC mappings ({self.strategy}, "
-                f"{self.seconds:.2f} s, {worker}); {freed}")
+                f"{self.seconds:.2f} s, {worker}{after}); {freed}")
 
 
 def check_strategy(strategy):
@@ -92,7 +97,8 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
     """Free the GPU memory the NVRx worker holds through CUDA IPC; see the module doc.
 
     ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
-    ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``) or ``"terminate"``.
+    ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``), ``"terminate"`` or
+    ``"restart"`` (terminate; call ``prewarm()`` when the model is back, or use ``offloading``).
     ``timeout``: seconds > 0 to wait for the worker (default
     ``NVRX_IPC_FIX_RELEASE_TIMEOUT`` or 60; ``math.inf``: until it answers or dies); a
     worker that does not answer is terminated and the report says so.
@@ -137,12 +143,22 @@ def _release(queue, strategy, timeout):
             continue
         if q.get_num_unfinalized_calls():
             q.maybe_finalize_async_calls(blocking=True)  # collective: all ranks, same order
+        stopped = False
+        if _prewarm.idle(q):  # a worker waits for q's first save: it holds no IPC mappings
+            if strategy == "flush":
+                skipped.append(f"{label}: its worker has had no save yet: nothing to release")
+                continue
+            stopped = _prewarm.stop(q)
+            terminated = terminated or stopped
         if not has_live_worker(q):
             _released_at[q] = q.call_idx
-            skipped.append(f"{label}: no live worker")
+            if stopped:
+                released += 1
+            else:
+                skipped.append(f"{label}: no live worker")
             continue
         _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
-        if strategy == "terminate":
+        if strategy != "flush":
             q.close()
             terminated = True
         else:
@@ -221,5 +237,9 @@ def _answer(caller, process, timeout):
 
 @contextmanager
 def offloading(queue=None, *, strategy=None, timeout=None):
-    """``with offloading():`` releases first, for code that moves model or optimizer storage."""
-    yield release(queue, strategy=strategy, timeout=timeout)
+    """``with offloading():`` releases first, for code that moves model or optimizer storage;
+    with ``restart``, the block's normal exit starts the next worker (``prewarm``)."""
+    report = release(queue, strategy=strategy, timeout=timeout)
+    yield report
+    if report.strategy == "restart":
+        _prewarm.prewarm(queue)

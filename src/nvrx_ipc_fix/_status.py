@@ -62,6 +62,8 @@ class Status:
     keys_cleared: int
     freed_bytes: int
     releases: int
+    prewarms: int  # checkpoint workers started ahead of the save that needs them
+    prewarm_failures: int  # of those, workers that died or failed before their first save
 
     def fix(self, name: str) -> FixStatus:
         """The status of fix ``name``."""
@@ -95,5 +97,6 @@ class Status:
         lines += ["", "NVRx features:"]
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
         lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
-                      f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: {self.releases}"]
+                      f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: {self.releases}; "
+                      f"prewarms: {self.prewarms} ({self.prewarm_failures} failed)"]
         return "\n".join(lines)

@@ -16,11 +16,14 @@ FIXES = {
                       "(no 'Worker cache miss' hang on the next save)",
     "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
     "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL moves model "
-                          "or optimizer storage (NVRX_IPC_FIX_RELEASE)",
+                          "or optimizer storage, and with the restart strategy start the next "
+                          "worker when the model is back (NVRX_IPC_FIX_RELEASE)",
     "worker_watch": "a dead NVRx checkpoint worker becomes a CheckpointWorkerError on every "
                     "rank, a stuck one an ERROR log line (NVRX_IPC_FIX_STALL_TIMEOUT)",
     "mcore_worker_watch": "the same for megatron-core's own persistent checkpoint worker "
                           "(async_strategy='mcore')",
+    "prewarm": "start the NVRx checkpoint worker ahead of the save that needs it (prewarm(), "
+               "strategy restart, NVRX_IPC_FIX_PREWARM=start); the save waits until it is ready",
 }
 
 
@@ -91,6 +94,23 @@ def persistent_worker(module):
     if queue_names(caller) is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
     return "active", "waits on the persistent worker end when it dies; stalls are reported"
+
+
+def warm_up(module):
+    """NVRx core: can its worker be started ahead of a save, as NVRx's own warm-up does?"""
+    if module is None:
+        return None
+    queue = getattr(module, "AsyncCallsQueue", None)
+    caller = getattr(module, "PersistentAsyncCaller", None)
+    if (queue is None or caller is None or not hasattr(queue, "warmup_persistent_caller")
+            or "_start_worker" not in vars(caller)):
+        return "not_applicable", ("this NVRx starts its worker only inside a save (no "
+                                  "AsyncCallsQueue.warmup_persistent_caller)")
+    from ._worker_watch import queue_names
+
+    if queue_names(caller) != ("queue", "preload_q", "comp_q"):
+        return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
+    return "active", "prewarm() can start the worker ahead of its save"
 
 
 def mcore_persistent_worker(module):
@@ -181,15 +201,24 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "_stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
+    # After the watch's schedule wrapper, so that it sits outside it: a prewarmed worker that
+    # died unused is let go before the watch would call it "died while idle".
+    Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
+           "_prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
+    Target("prewarm", CORE, "AsyncCallsQueue.__init__", "_prewarm:init_wrapper",
+           ("self", "persistent"), warm_up),
 ) + tuple(
-    Target("release_on_offload", module, attr, "_auto_release:offload_wrapper", ("self",),
+    Target("release_on_offload", module, attr, f"_auto_release:{wrapper}", ("self",),
            release_policy)
-    for module, attr in (
-        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit"),
-        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_after_refit"),
-        (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_lp_inference"),  # NeMo RL #4183
-        (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_inference"),
-        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_inference"),
-        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_training"),
+    for module, attr, wrapper in (  # offload: storage leaves; onload: the model comes back
+        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit", "offload_wrapper"),
+        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_after_refit", "offload_wrapper"),
+        (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_lp_inference",  # NeMo RL #4183
+         "reload_wrapper"),
+        (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_training", "onload_wrapper"),
+        (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_inference", "reload_wrapper"),
+        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_inference", "offload_wrapper"),
+        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_training", "offload_wrapper"),
+        (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_training", "onload_wrapper"),
     )
 )

@@ -6,6 +6,7 @@ worker too, which is harmless: nothing there closes workers or prepares writes.
 """
 
 import gc
+import importlib
 import json
 import os
 import sys
@@ -21,6 +22,16 @@ def drop_cache():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def warm_up(modules):
+    """Import ``modules`` (what the saves will unpickle here), so that the first save to a
+    prewarmed worker does not wait for them; a failure is left for that save to meet."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
 
 
 def describe_cache(path):

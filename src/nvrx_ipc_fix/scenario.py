@@ -9,8 +9,12 @@ checkpoint back and count tensors whose values are not the ones saved), ``save-a
 every tensor new storage, as ``model.to("cpu")`` and back does), ``offload`` and
 ``onload`` (those two halves), ``measure`` (device memory used, allocated, reserved), ``close`` (close the
 queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
-``deactivate`` (the package's own calls, to test late activation), ``flush`` and
-``terminate`` (``nvrx_ipc_fix.release`` with that strategy), ``probe`` (ask the worker
+``deactivate`` (the package's own calls, to test late activation), ``flush``,
+``terminate`` and ``restart`` (``nvrx_ipc_fix.release`` with that strategy), ``prewarm``
+(``nvrx_ipc_fix.prewarm``), ``ready`` (wait until the prewarmed worker answered; how long it
+took to start), ``offloading-restart`` (offload, measure and onload inside
+``nvrx_ipc_fix.offloading(strategy="restart")``), ``kill-worker`` (SIGKILL the worker that
+would take the next save), ``probe`` (ask the worker
 what it holds: its pid, cached keys and mapped shared-memory segments), and
 ``fault-<kind>`` or ``fault-<kind>@<rank>`` (a save whose worker fails as
 ``nvrx_ipc_fix.faults.KINDS`` says, on every rank or only on ``<rank>``; the others save
@@ -95,6 +99,7 @@ class Trainer:
         elif not self.cuda:
             fakecuda.mark_queue(self.queue)
         self.phase = None  # "schedule" or "finalize" while a save runs
+        self.workers = [None, None]  # pids of the worker before and after the last schedule
         self.state = {}
         self.replace()
         self.version = 0
@@ -128,13 +133,15 @@ class Trainer:
             self.state = {name: on_fake_device(t.clone()) for name, t in self.state.items()}
 
     def measure(self):
-        """Device memory now: used on the whole device, allocated and reserved by this process."""
+        """Device memory now: used on the whole device, allocated and reserved by this process;
+        and how many checkpoint workers (processes) are alive."""
+        workers = len(checkpoint_workers())
         if not self.cuda:
-            return {"device_used": None, "allocated": None, "reserved": None}
+            return {"device_used": None, "allocated": None, "reserved": None, "workers": workers}
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         return {"device_used": total - free, "allocated": torch.cuda.memory_allocated(),
-                "reserved": torch.cuda.memory_reserved()}
+                "reserved": torch.cuda.memory_reserved(), "workers": workers}
 
     def _expected(self, i, version):
         return float(version * 1000 + i)
@@ -147,10 +154,14 @@ class Trainer:
                 self.rank, "spawn" if self.cuda else "fork")
 
     def worker(self):
-        """The current worker process, if any."""
+        """The worker process that takes the next save, if any: the queue's, else the one
+        NVRx's warm-up slot holds for it."""
         from ._worker_watch import caller_of, process_of
 
-        return process_of(caller_of(self.queue))
+        caller = caller_of(self.queue)
+        if caller is None and self.impl == "nvrx":
+            caller = getattr(self.core.AsyncCallsQueue, "_warmup_persistent_caller", None)
+        return process_of(caller)
 
     def save(self, wait=True, fault=None):
         """Save new values; return (seconds blocked, seconds in total or None, path, version).
@@ -181,9 +192,12 @@ class Trainer:
         save_fn, preload_fn = self._inject(fault, path, save_fn, preload_fn)
         finalize = partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper)
         self.phase = "schedule"
+        before = self.worker()
+        self.workers = [getattr(before, "pid", None), None]  # before and after the schedule
         self.queue.schedule_async_request(
             self.core.AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn))
         blocked = time.perf_counter() - start
+        self.workers[1] = getattr(self.worker(), "pid", None)
         if not wait:
             self.pending.append((path, self.version))
             return blocked, None, path, self.version
@@ -295,6 +309,8 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     report["fix"] = _fix_states()
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     report["releases_total"] = nvrx_ipc_fix.status().releases
+    report["prewarms_total"] = nvrx_ipc_fix.status().prewarms
+    report["prewarm_failures"] = nvrx_ipc_fix.status().prewarm_failures
     watchdog.begin(len(steps))  # the close at the end must not hang either
     trainer.close()
     watchdog.end()
@@ -307,7 +323,9 @@ def _step(trainer, report, index, step, n_tensors, rank):
         blocked, total, path, version = trainer.save(wait=step == "save")
         report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
                                 "total_s": total and round(total, 4), "path": path,
-                                "version": version, "stale": None, "tensors": n_tensors})
+                                "version": version, "stale": None, "tensors": n_tensors,
+                                "worker_before": trainer.workers[0],
+                                "worker": trainer.workers[1]})
     elif step.startswith("fault-"):
         outcome, saved = _fault(trainer, index, step, rank)
         report.setdefault("faults", []).append(outcome)
@@ -325,15 +343,60 @@ def _step(trainer, report, index, step, n_tensors, rank):
         trainer.close()
     elif step in ("activate", "deactivate"):
         getattr(nvrx_ipc_fix, step)()
-    elif step in ("flush", "terminate"):
+    elif step in ("flush", "terminate", "restart"):
         released = nvrx_ipc_fix.release(trainer.queue, strategy=step)
         report.setdefault("releases", []).append(dataclasses.asdict(released))
+    elif step == "offloading-restart":
+        with nvrx_ipc_fix.offloading(trainer.queue, strategy="restart") as released:
+            trainer.offload()
+            report.setdefault("measures", []).append(trainer.measure())
+            trainer.onload()
+        report.setdefault("releases", []).append(dataclasses.asdict(released))
+        report.setdefault("prewarms", []).append(_started(trainer))
+    elif step == "prewarm":
+        started = dataclasses.asdict(nvrx_ipc_fix.prewarm(trainer.queue))
+        report.setdefault("prewarms", []).append(dict(started, **_started(trainer)))
+    elif step == "ready":
+        report.setdefault("ready", []).append(_ready(trainer))
+    elif step == "kill-worker":
+        worker = trainer.worker()
+        os.kill(worker.pid, signal.SIGKILL)
+        while worker.is_alive():
+            time.sleep(0.05)
     elif step == "probe":
         report.setdefault("probes", []).append(trainer.probe())
     elif step in EXTRA_STEPS:
         EXTRA_STEPS[step](trainer)
     else:
         raise ValueError(f"unknown step {step!r}")
+
+
+def checkpoint_workers():
+    """The pids of this process's live checkpoint workers: its children but NVRx's results
+    queue manager (``SyncManager-N``)."""
+    return [p.pid for p in multiprocessing.active_children() if "Manager" not in p.name]
+
+
+def _started(trainer):
+    """After a prewarm: the worker that waits for the next save, and whether its process
+    exists (``/proc``)."""
+    pid = getattr(trainer.worker(), "pid", None)
+    return {"pid": pid, "exists": pid is not None and os.path.exists(f"/proc/{pid}"),
+            "workers": len(checkpoint_workers())}
+
+
+def _ready(trainer):
+    """Wait for the prewarmed worker (the scenario's stand-in for the training between
+    onload and save); how long it took to start, in the background."""
+    from ._prewarm import wait_ready
+
+    began = time.monotonic()
+    start = wait_ready(trainer.queue)
+    waited = round(time.monotonic() - began, 3)
+    if start is None:
+        return {"pid": None, "ready_s": None, "error": None, "waited_s": waited}
+    return {"pid": start.process.pid, "waited_s": waited, "error": start.error,
+            "ready_s": None if start.ready_s is None else round(start.ready_s, 3)}
 
 
 def _fault(trainer, index, step, rank):
@@ -412,7 +475,9 @@ class _Watchdog:
             if step is None:
                 continue
             worker = self.trainer.worker()
-            if self.died_at is None and worker is not None and worker.exitcode is not None:
+            if worker is not None and worker.exitcode is None:
+                self.died_at = None  # a fresh worker took over
+            elif self.died_at is None and worker is not None:
                 self.died_at = now
             died = self.died_at is not None
             if (died and now - self.died_at > self.grace) or now - self.started > self.timeout:

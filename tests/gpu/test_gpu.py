@@ -59,3 +59,14 @@ def test_hang_after_close_without_the_package_and_not_with_it():
     with_fix = run(steps + ["replace", "save"])
     assert with_fix["hang"] is None
     assert [s["stale"] for s in with_fix["saves"]] == [0, 0, 0, 0]
+
+
+def test_restart_leaves_no_worker_and_the_prewarmed_worker_takes_the_next_save():
+    report = run(["save", "save", "restart", *LIFECYCLE[:3], "prewarm", "ready", "save"])
+    measure = report["measures"][0]
+    assert measure["allocated"] < MODEL // 20 and measure["workers"] == 0
+    ready = report["ready"][0]
+    assert ready["error"] is None and ready["ready_s"] > 0
+    after = report["saves"][-1]
+    assert after["worker_before"] == after["worker"] == ready["pid"]
+    assert [s["stale"] for s in report["saves"]] == [0, 0, 0]

@@ -9,6 +9,8 @@ teacher-head handling elided and ``torch.randn(1).cuda()`` (an allocator wake-up
 out; the storage movers ``move_model``/``move_optimizer`` are supplied by the test.
 ``prepare_for_lp_inference`` is the short form of the older version, which the current
 one keeps: it never finalizes before moving the optimizer (NeMo RL #4183).
+``prepare_for_training`` (where the model comes back for training) is from NeMo RL main
+7ea279abfbeb698b092856d0dab61e7cf39bc909, verbatim but for its memory log line.
 """
 
 import gc
@@ -64,6 +66,25 @@ class MegatronPolicyWorkerImpl:
 
         gc.collect()
         torch.cuda.empty_cache()
+
+    def prepare_for_training(self, *args, **kwargs):
+        # onload models and optimizer state to cuda
+        self.model = self.move_model(
+            self.model, "cuda", move_grads=True, move_params=True
+        )
+        self.model.train()
+
+        # Training expects optimizer state on CUDA. Keep this unconditional rather
+        # than trying to mirror every path that may have offloaded it to CPU.
+        if (
+            hasattr(self, "optimizer")
+            and self.optimizer is not None
+            and not self.optimizer_cpu_offload
+        ):
+            self.move_optimizer("cuda")
+
+        if self.cfg["megatron_cfg"]["empty_unused_memory_level"] >= 1:
+            torch.cuda.empty_cache()
 
     def _requires_nvrx_cuda_cache_release(self) -> bool:
         """Whether checkpoint finalization must also drop cached CUDA IPC handles."""

@@ -1,0 +1,422 @@
+"""``prewarm()``: start the NVRx persistent checkpoint worker ahead of the save that needs it.
+
+NVRx starts its worker inside the first save, which then blocks while the worker spawns,
+imports torch and NVRx and creates its CUDA context (11-16 s measured on an H200).
+``prewarm`` starts it now: NVRx's ``_start_worker`` on the queue's caller, which NVRx makes as
+for a save. At the queue's creation (``NVRX_IPC_FIX_PREWARM=start``) the worker goes to NVRx's
+warm-up slot instead, as ``AsyncCallsQueue.warmup_persistent_caller`` does (one per process,
+taken by the first queue that saves), so that a framework that warms up next (Megatron does)
+finds it there and starts none; a worker waiting in that slot is never doubled either. Both
+run NVRx's restart callbacks, and the trainer's caches are emptied as well, so the fresh
+worker's first save sends full tensors. The spawn returns within milliseconds; the rest
+happens in the worker.
+
+*Ready* means the worker answered a request (``call_idx`` = the watch's ``SENTINEL``) that
+imports what a save's request needs there (``_worker.warm_up``: NVRx's writer module, 0.8 s
+on a 2-core VM). A thread reads that one answer from the worker's completion queue, logs the
+start-up time and reports a worker that dies first. ``schedule_wrapper`` waits for that thread
+before a save goes to the worker (as long as the save would have waited for a worker it
+started itself), so the answer never reaches a finalize and no save goes to a dead worker. A
+prewarmed worker that died or failed before its first save is reported once (WARNING,
+``status().prewarm_failures``) and let go, and NVRx starts a fresh one for the save, as without
+prewarm. From its first save on it is an ordinary worker (the worker watch turns its death
+into ``CheckpointWorkerError``). ``release()`` with ``terminate`` or ``restart`` stops a worker
+that waits for its first save, and so do ``deactivate()`` and the interpreter's exit: it
+holds nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from queue import Empty
+
+from . import _cleanup, _config, _monitor
+from ._detect import CORE, FS
+from ._log import hook_failed, logger
+from ._worker import warm_up
+from ._worker_watch import SENTINEL, abandon, describe_exit
+
+SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
+INIT_TARGET = f"{CORE}:AsyncCallsQueue.__init__"
+#: The queue's settings that NVRx's warm-up takes too.
+SETTINGS = ("is_daemon", "cpu_priority", "io_priority", "sigterm_timeout", "cpu_shm_mode")
+
+
+@dataclass(frozen=True)
+class PrewarmReport:
+    """What one ``prewarm()`` did."""
+
+    started: tuple = ()  # pids of the workers started
+    skipped: tuple = ()  # ("what: why", ...)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """The one log line."""
+        if not self.started:
+            return f"prewarm started no checkpoint worker: {'; '.join(self.skipped)}"
+        pids = ", ".join(map(str, self.started))
+        return (f"started the NVRx checkpoint worker ahead of its next save (pid {pids}, "
+                f"{self.seconds:.2f} s); it imports torch and creates its CUDA context in the "
+                "background")
+
+
+class _Start:
+    """A worker started here that no save has used yet."""
+
+    __slots__ = ("process", "began", "ready_s", "error", "cancelled", "thread")
+
+    def __init__(self, process):
+        self.process = process
+        self.began = time.monotonic()
+        self.ready_s = None  # seconds from the spawn to its answer
+        self.error = None  # why it cannot take a save
+        self.cancelled = False
+        self.thread = None
+
+
+_lock = threading.RLock()  # check-and-start, hand-over; never taken by the waiting thread
+_reported = threading.Lock()  # a failure is counted and logged once
+_starts = weakref.WeakKeyDictionary()  # PersistentAsyncCaller -> _Start, until a save takes it
+_scheduling = weakref.WeakSet()  # queues inside schedule_async_request
+_exit_hook = []
+
+
+def prewarm(queue=None) -> PrewarmReport:
+    """Start the checkpoint worker of ``queue`` (an NVRx ``AsyncCallsQueue``; ``None``: of each
+    live one) now, so that its next save finds it ready.
+
+    Returns at once: the worker spawns, imports torch and creates its CUDA context in the
+    background. Never starts a second worker: a queue whose worker runs or starts, or for
+    which NVRx's warm-up worker waits, is skipped, as is a queue that is not persistent, and
+    every queue while ``torch.distributed`` is not initialized (the worker's device follows
+    the rank). Callable from any thread; the report says what was started and what skipped.
+    """
+    if queue is not None and not callable(getattr(queue, "schedule_async_request", None)):
+        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
+                        f"{type(queue).__name__}")
+    began = time.perf_counter()
+    core = sys.modules.get(CORE)
+    why = _unavailable(core)
+    if why is not None:
+        return PrewarmReport((), (f"all: {why}",), time.perf_counter() - began)
+    if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
+        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
+                        f"{type(queue).__name__}")
+    queues = [queue] if queue is not None else core.AsyncCallsQueue.get_instances()
+    return _run(queues, core, began)
+
+
+def _run(queues, core, began, slot=False):
+    """Prewarm ``queues``; ``slot``: into NVRx's warm-up slot (at the queue's creation)."""
+    rank = _rank()
+    started, skipped = [], [] if queues else ["queues: no live AsyncCallsQueue"]
+    for q in queues:
+        with _lock:
+            why = _blocked(q, core, rank)
+            pid = _start(q, core, rank, slot) if why is None else None
+        if pid is None:
+            skipped.append(f"queue {id(q):#x}: {why}")
+        else:
+            started.append(pid)
+    report = PrewarmReport(tuple(started), tuple(skipped), time.perf_counter() - began)
+    if started:
+        logger.info("rank %s: %s", _monitor.rank(), report.summary())
+    return report
+
+
+def init_wrapper(wrapped, queue, args, kwargs):
+    """Around ``AsyncCallsQueue.__init__``: with ``NVRX_IPC_FIX_PREWARM=start`` a persistent
+    queue starts its worker as soon as it exists, in NVRx's warm-up slot: a framework that
+    calls ``warmup_persistent_caller`` next (Megatron does) then finds it there."""
+    wrapped(*args, **kwargs)
+    try:
+        if getattr(queue, "persistent", False) and _config.prewarm_at_start():
+            core = sys.modules[CORE]
+            why = _unavailable(core)
+            report = (PrewarmReport((), (f"all: {why}",)) if why is not None else
+                      _run([queue], core, time.perf_counter(), slot=True))
+            if not report.started:
+                logger.info("%s=start: %s", _config.PREWARM, report.summary())
+    except Exception as exc:
+        hook_failed(INIT_TARGET, exc)
+
+
+def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``AsyncCallsQueue.schedule_async_request``: a prewarmed worker gets the save once
+    it is ready; one that failed is let go first, and NVRx starts a fresh one."""
+    if _finalizing():
+        return wrapped(*args, **kwargs)
+    with _lock:
+        _scheduling.add(queue)
+    try:
+        try:
+            _take_over(queue)
+        except Exception as exc:
+            hook_failed(SCHEDULE_TARGET, exc)
+        except BaseException:
+            # Interrupted while it waited: this save's request, built for a worker that would
+            # get it, never went, so the next save must send full tensors.
+            _cleanup.forget_keys()
+            raise
+        return wrapped(*args, **kwargs)
+    finally:
+        with _lock:
+            _scheduling.discard(queue)
+
+
+def idle(queue) -> bool:
+    """Does a started worker wait for ``queue``'s first save (prewarmed here, or NVRx's
+    warm-up)? Such a worker has received nothing."""
+    core = sys.modules.get(CORE)
+    caller = _serving(queue, core) if core is not None else None
+    if caller is None:
+        return False
+    return caller in _starts or (caller is not getattr(queue, "persistent_caller", None)
+                                 and _alive(caller.process))
+
+
+def stop(queue) -> bool:
+    """For ``release()`` (terminate, restart): stop the worker that waits for ``queue``'s first
+    save (SIGTERM; a worker still starting is not waited for). True if one was stopped."""
+    if not idle(queue):
+        return False
+    with _lock:
+        caller = _serving(queue, sys.modules[CORE])
+        start = _starts.pop(caller, None)
+    _let_go(queue, caller, start)
+    return True
+
+
+def wait_ready(queue):
+    """Wait until the worker prewarmed for ``queue`` is ready or failed; its ``_Start``
+    (``ready_s``, ``error``), or None when none waits (the scenario's ``ready`` step)."""
+    core = sys.modules.get(CORE)
+    caller = _serving(queue, core) if core is not None else None
+    start = _starts.get(caller) if caller is not None else None
+    if start is not None:
+        start.thread.join()
+    return start
+
+
+# -- starting ---------------------------------------------------------------------------------
+
+def _unavailable(core):
+    """Why nothing can be prewarmed in this process, or None."""
+    if core is None or not hasattr(core, "AsyncCallsQueue"):
+        return "NVRx is not imported"
+    if (not hasattr(core.AsyncCallsQueue, "warmup_persistent_caller")
+            or "_start_worker" not in vars(core.PersistentAsyncCaller)):
+        return "this NVRx starts its worker only inside a save (no warmup_persistent_caller)"
+    from ._lifecycle import installed
+
+    if not installed("prewarm", "AsyncCallsQueue.schedule_async_request"):
+        return "the prewarm fix is not active (see nvrx_ipc_fix.status())"
+    return None
+
+
+def _rank():
+    """This rank, or None while ``torch.distributed`` is not initialized."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:
+        pass
+    return None
+
+
+def _serving(queue, core):
+    """The caller that will take ``queue``'s next save: its own, else NVRx's warm-up slot."""
+    caller = getattr(queue, "persistent_caller", None)
+    if caller is None and getattr(queue, "persistent", False):
+        caller = getattr(core.AsyncCallsQueue, "_warmup_persistent_caller", None)
+    return caller
+
+
+def _alive(process):
+    """Is ``process`` a started process that has not exited?"""
+    return _monitor.started_process(process) is not None and process.exitcode is None
+
+
+def _blocked(queue, core, rank):
+    """Why ``queue`` gets no worker now, or None (a dead unused worker is let go on the way)."""
+    if not getattr(queue, "persistent", False):
+        return "not persistent (NVRx starts a process for each save)"
+    if queue in _scheduling:
+        return "a save is being scheduled on it (that starts the worker)"
+    if rank is None:
+        return ("torch.distributed is not initialized: the worker's rank, hence its device, is "
+                "not known yet")
+    caller = _serving(queue, core)
+    process = getattr(caller, "process", None)
+    start = _starts.get(caller) if caller is not None else None
+    own = caller is queue.persistent_caller
+    if start is not None:
+        if start.error is None and _alive(process):
+            state = "ready" if start.ready_s is not None else "starting"
+            where = "its prewarmed worker" if own else "the prewarmed worker in NVRx's warm-up slot"
+            return f"{where} (pid {process.pid}) is {state}"
+        _unusable(caller, start)
+    elif _alive(process):
+        if own:
+            return f"its worker (pid {process.pid}) is running"
+        return (f"NVRx's warm-up worker (pid {process.pid}) waits in its slot for the first queue "
+                "that saves")
+    elif process is not None and own:
+        return (f"its worker (pid {process.pid}) died: the next save reports it "
+                "(CheckpointWorkerError) and starts a fresh one")
+    elif process is not None:
+        logger.warning("rank %s: NVRx's warm-up checkpoint worker (pid %s) had died unused "
+                       "(%s); prewarm starts a fresh one", _monitor.rank(), process.pid,
+                       describe_exit(_monitor.exitcode(process, settle=0.5)))
+    if process is not None:
+        _let_go(queue, caller, start)
+    return None
+
+
+def _start(queue, core, rank, slot):
+    """Start ``queue``'s worker and the thread that waits for its answer; its pid. The
+    worker goes to the queue's caller (NVRx makes one as for a save), or with ``slot`` and
+    no caller yet to NVRx's warm-up slot, as ``warmup_persistent_caller`` does."""
+    caller = queue.persistent_caller
+    slot = slot and caller is None
+    try:
+        if slot:
+            params = inspect.signature(core.PersistentAsyncCaller).parameters
+            caller = core.PersistentAsyncCaller(**{
+                name: getattr(queue, name) for name in SETTINGS
+                if name in params and hasattr(queue, name)})
+        elif caller is None:
+            caller = queue._get_async_caller()
+        caller._start_worker(rank)
+        caller.rank = rank
+        if slot:
+            core.AsyncCallsQueue._warmup_persistent_caller = caller
+        _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
+        caller.queue.put(core.AsyncRequest(warm_up, (_save_modules(),), [], call_idx=SENTINEL))
+        start = _starts[caller] = _Start(caller.process)
+        start.thread = threading.Thread(target=_await_ready, args=(caller, start),
+                                        name="nvrx_ipc_fix-prewarm", daemon=True)
+        start.thread.start()
+    except BaseException:  # failed or interrupted: leave no worker behind
+        if caller is not None and caller.process is not None:
+            _let_go(queue, caller, _starts.pop(caller, None))
+        raise
+    _cleanup.totals.prewarms += 1
+    if not _exit_hook:
+        _exit_hook.append(atexit.register(stop_unused))
+    return start.process.pid
+
+
+def _save_modules():
+    """What a save's request makes the worker import: NVRx's writer (its preload and write
+    functions), and the CPU stand-in's tensor class where it is in use."""
+    return [FS] + [name for name in (f"{__package__}.fakecuda",) if name in sys.modules]
+
+
+def _await_ready(caller, start):
+    """The thread: read the worker's answer, or see it die first."""
+    process = start.process
+    try:
+        with _monitor.watching(f"the start of the prewarmed checkpoint worker (pid "
+                               f"{process.pid})", lambda: process):
+            while not start.cancelled:
+                try:
+                    item = caller.comp_q.get(timeout=0.2)
+                except Empty:
+                    if process.exitcode is not None:
+                        code = _monitor.exitcode(process, settle=0.5)
+                        _failed(start, f"died before it was ready ({describe_exit(code)})")
+                        return
+                    continue
+                if item != SENTINEL:
+                    _failed(start, f"answered {item!r} instead of the start-up request")
+                    return
+                start.ready_s = time.monotonic() - start.began
+                logger.info("rank %s: the prewarmed NVRx checkpoint worker (pid %s) is ready "
+                            "after %.2f s", _monitor.rank(), process.pid, start.ready_s)
+                return
+    except Exception as exc:  # its queues were closed under it
+        if not start.cancelled:
+            _failed(start, f"could not be watched ({type(exc).__name__}: {exc})")
+
+
+def _failed(start, why):
+    """Report a prewarmed worker that cannot take a save, once."""
+    with _reported:
+        if start.error is not None or start.cancelled:
+            return
+        start.error = why
+        _cleanup.totals.prewarm_failures += 1
+    logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) %s; the next save "
+                   "starts a fresh worker, as without prewarm", _monitor.rank(),
+                   start.process.pid, why)
+
+
+# -- handing over, letting go -----------------------------------------------------------------
+
+def _take_over(queue):
+    """Before a save: wait for the worker prewarmed for ``queue``; let it go if it failed."""
+    caller = _serving(queue, sys.modules[CORE])
+    start = _starts.get(caller) if caller is not None else None
+    if start is None:
+        return
+    start.thread.join()  # the save waits as long as it would for a worker it started
+    with _lock:
+        if _starts.get(caller) is not start:
+            return  # stopped meanwhile
+        del _starts[caller]
+        if start.error is None and _alive(start.process):
+            return  # ready: this save takes it
+        _unusable(caller, start)
+    _let_go(queue, caller, start)
+
+
+def _unusable(caller, start):
+    """``start``'s worker cannot take a save: make sure that was reported."""
+    if start.error is None:
+        code = _monitor.exitcode(start.process, settle=0.5)
+        _failed(start, f"died after it was ready, before its first save ({describe_exit(code)})")
+
+
+def _let_go(queue, caller, start):
+    """Stop ``caller``'s unused worker (it holds nothing) and detach it: the next save (or
+    ``prewarm``) starts afresh."""
+    if start is not None:
+        start.cancelled = True
+    process = caller.process
+    if _alive(process):
+        process.terminate()
+        process.join(5.0)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    thread = start.thread if start is not None else None
+    if thread is not None and thread.ident and thread is not threading.current_thread():
+        thread.join()  # it sees the cancel within 0.2 s
+    abandon(caller)  # closes its queues, reaps it, empties the trainer's caches
+    if queue is not None and getattr(queue, "persistent_caller", None) is caller:
+        queue.persistent_caller = None
+    slot = sys.modules[CORE].AsyncCallsQueue
+    if getattr(slot, "_warmup_persistent_caller", None) is caller:
+        slot._warmup_persistent_caller = None
+
+
+def stop_unused():
+    """Stop the prewarmed workers no save has used: at exit (one still starting would hold up
+    the exit, and NVRx joins a non-daemon worker for ever) and at ``deactivate()`` (without
+    ``schedule_wrapper`` a save could reach one before it is ready)."""
+    with _lock:
+        unused = list(_starts.items())
+        _starts.clear()
+    for caller, start in unused:
+        try:
+            _let_go(None, caller, start)
+        except Exception:
+            pass
