@@ -38,6 +38,7 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_AUTO", "-1", False, True),
     # everything else: one warning and the default
     ("NVRX_IPC_FIX_STRATEGY", "TERMINATE", "terminate", False),
+    ("NVRX_IPC_FIX_STRATEGY", " Restart ", "restart", False),
     ("NVRX_IPC_FIX_STRATEGY", "", "flush", False),
     ("NVRX_IPC_FIX_STRATEGY", "nuke", "flush", True),
     ("NVRX_IPC_FIX_RELEASE", "Finalize", "finalize", False),
@@ -145,7 +146,8 @@ def test_release_rejects_bad_arguments_naming_what_is_allowed():
         assert seen[label].startswith("ValueError: timeout must be a number of seconds > 0 "
                                       "(inf: no limit)"), seen[label]
     for label in ("strategy=''", "strategy='kill'", "strategy=3"):
-        assert seen[label].startswith("ValueError: strategy must be one of flush, terminate")
+        assert seen[label].startswith("ValueError: strategy must be one of flush, terminate, "
+                                      "restart")
     assert seen["queue=object()"] == ("TypeError: queue must be an NVRx AsyncCallsQueue or "
                                       "None, not object")
     assert seen["timeout=inf"] == seen["timeout=1e308"] == seen["timeout=10**400"] == "flush"

@@ -66,7 +66,7 @@ def disabled_fixes(known):
     names = {part.strip() for part in raw.split(",") if part.strip()}
     unknown = sorted(names.difference(known))
     if unknown or not names:
-        _invalid(DISABLE, raw, f"is not understood (unknown: {', '.join(unknown) or raw!r}; "
+        _invalid(DISABLE, raw, f"is not understood (unknown: {', '.join(unknown) or repr(raw)}; "
                  f"use 1, or a comma list of {', '.join(known)}); the whole package is off")
         return None
     return frozenset(names)

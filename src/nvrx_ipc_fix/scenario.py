@@ -480,7 +480,8 @@ class _Watchdog:
             elif self.died_at is None and worker is not None:
                 self.died_at = now
             died = self.died_at is not None
-            if (died and now - self.died_at > self.grace) or now - self.started > self.timeout:
+            limit = self.timeout + (60 if step == 0 else 0)  # a cold start under load
+            if (died and now - self.died_at > self.grace) or now - self.started > limit:
                 if step == self.step:
                     self._hang(step, now, died)
 
