@@ -91,7 +91,8 @@ def prewarm_table(rows, size):
            "release (median) | next worker ready after (median / max) | stale tensors | hang |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     found = [r for r in rows if r.get("size") == size and r.get("scenario") in PREWARM
-             and r.get("saves")]
+             and r.get("saves") and r.get("ranks", 1) == 1
+             and any("workers" in m for m in r.get("measures") or [])]  # this benchmark's
     for r in sorted(found, key=lambda r: (r["nvrx"], PREWARM.index(r["scenario"]))):
         measures, saves = r.get("measures") or [], r["saves"]
         workers = sorted({m.get("workers") for m in measures}, key=str)
