@@ -33,7 +33,8 @@ def load(pattern=os.path.join(HERE, "results", "*.jsonl")):
 
 def lifecycle_table(rows, size, ranks=1):
     """One row per (NVRx, scenario[, rank]); with ``--cycles`` the worst cycle's memory, the
-    median next-save blocking time over the cycles and the stale tensors of every save."""
+    median next-save blocking time and release over the cycles, and the stale tensors of
+    every save."""
     rank_col = ranks > 1
     out = ["| NVRx | scenario |" + (" rank |" if rank_col else "") + " cycles | held after "
            "offload (allocated) | device used over an empty process | warm save blocks | "
@@ -50,7 +51,8 @@ def lifecycle_table(rows, size, ranks=1):
         after = r["saves"][2:] or r["saves"][-1:]
         blocks = statistics.median(s["blocked_s"] for s in after)
         total = statistics.median(s["total_s"] or float("nan") for s in after)
-        seconds = r.get("auto_release_s") or (r.get("releases") or [{}])[0].get("seconds")
+        releases = [x["seconds"] for x in r.get("releases") or []]
+        seconds = r.get("auto_release_s") or (statistics.median(releases) if releases else None)
         stale = sum(s["stale"] or 0 for s in r["saves"])
         out.append(
             f"| {r['nvrx']} | {r['scenario']} |" + (f" {r['rank']} |" if rank_col else "")
@@ -118,27 +120,32 @@ def prewarm_table(rows, size):
 
 
 def overhead_table(rows):
-    """Median blocking time (and save + finalize) of ordinary cached saves per variant (the
-    first two saves of each process, which start the worker and prime the cache, are left
-    out)."""
-    out = ["| NVRx | device | size | saves per variant | vanilla | package | package without "
-           "worker_watch | package / vanilla | worker_watch's cost | save + blocking finalize: "
-           "without the watch, with it |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """Median blocking time (and save + finalize) of ordinary cached saves per variant, one
+    row per run (the first two saves of each process, which start the worker and prime the
+    cache, are left out)."""
+    out = ["| run (--out) | NVRx | device | size | saves per variant | vanilla | package | "
+           "package without worker_watch | package / vanilla | worker_watch's cost | "
+           "save + blocking finalize: vanilla, package |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
         if str(r.get("scenario", "")).startswith("overhead-") and r.get("saves"):
-            key = (r["nvrx"], r["device"].split()[0], r["size"])
+            run = os.path.basename(r.get("command", "").split("--out ")[-1].split()[0])
+            key = (run, r["nvrx"], r["device"].split()[0], r["size"])
             by.setdefault(key, {}).setdefault(r["scenario"][len("overhead-"):], []).extend(
                 (s["blocked_s"], s["total_s"]) for s in r["saves"][2:])
-    for (nvrx, device, size), runs in sorted(by.items()):
-        if {"vanilla", "package", "no-watch"} <= set(runs):
+    for (run, nvrx, device, size), runs in sorted(by.items()):
+        if {"vanilla", "package"} <= set(runs):
             med = {name: statistics.median(b for b, _ in saves) for name, saves in runs.items()}
             tot = {name: statistics.median(t for _, t in saves) for name, saves in runs.items()}
-            out.append(f"| {nvrx} | {device} | {size} | {len(runs['package'])} | "
+            watch = med.get("no-watch")
+            cost = "" if watch is None else f"{(med['package'] / watch - 1) * 100:+.1f} %"
+            out.append(f"| {run} | {nvrx} | {device} | {size} | {len(runs['package'])} | "
                        f"{med['vanilla']:.4f} s | {med['package']:.4f} s | "
-                       f"{med['no-watch']:.4f} s | {med['package'] / med['vanilla']:.3f} | "
-                       f"{(med['package'] / med['no-watch'] - 1) * 100:+.1f} % | "
-                       f"{tot['no-watch']:.3f} s, {tot['package']:.3f} s |")
+                       f"{'not run' if watch is None else f'{watch:.4f} s'} | "
+                       f"{med['package'] / med['vanilla']:.3f} | "
+                       f"{cost} | "
+                       f"{tot['vanilla']:.3f} s, {tot['package']:.3f} s |")
     return "\n".join(out)
 
 
