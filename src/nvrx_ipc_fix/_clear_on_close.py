@@ -7,9 +7,9 @@ Without it the next save sends only a cache key to a fresh worker, which dies wi
 
 from __future__ import annotations
 
-import inspect
 import sys
 
+from ._arguments import flags
 from ._auto_release import after_finalize
 from ._cleanup import cached_key_count, clear_trainer_caches, device_free_bytes
 from ._detect import CORE
@@ -35,17 +35,6 @@ def close_wrapper(wrapped, instance, args, kwargs):
     return result
 
 
-_signatures: dict = {}
-
-
-def _blocking_and_terminate(wrapped, args, kwargs):
-    sig = _signatures.get(wrapped)
-    if sig is None:
-        sig = _signatures[wrapped] = inspect.signature(wrapped)
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bool(bound.arguments.get("blocking")), bool(bound.arguments.get("terminate"))
-
 
 def finalize_wrapper(wrapped, instance, args, kwargs):
     """Around Megatron's and Bridge's ``maybe_finalize_async_save``.
@@ -56,7 +45,7 @@ def finalize_wrapper(wrapped, instance, args, kwargs):
     """
     result = wrapped(*args, **kwargs)
     try:
-        blocking, terminate = _blocking_and_terminate(wrapped, args, kwargs)
+        blocking, terminate = flags(wrapped, args, kwargs, "blocking", "terminate")
         if terminate and cached_key_count():
             clear_trainer_caches("maybe_finalize_async_save(terminate=True)")
         after_finalize(blocking, terminate)

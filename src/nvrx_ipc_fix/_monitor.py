@@ -45,16 +45,22 @@ class Wait:
         self.ended = False
 
 
-def rank():
-    """This process's rank in torch.distributed, else $RANK, else None."""
+def dist_rank():
+    """This process's rank, or None while ``torch.distributed`` is not initialized."""
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_rank()
     except Exception:
         pass
+    return None
+
+
+def rank():
+    """This process's rank in torch.distributed, else $RANK, else None."""
+    found = dist_rank()
     value = os.environ.get("RANK", "")
-    return int(value) if value.isdigit() else None
+    return found if found is not None else (int(value) if value.isdigit() else None)
 
 
 def started_process(process):

@@ -114,7 +114,7 @@ def prewarm(queue=None) -> PrewarmReport:
 
 def _run(queues, core, began, slot=False):
     """Prewarm ``queues``; ``slot``: into NVRx's warm-up slot (at the queue's creation)."""
-    rank = _rank()
+    rank = _monitor.dist_rank()
     started, skipped = [], [] if queues else ["queues: no live AsyncCallsQueue"]
     for q in queues:
         with _lock:
@@ -219,16 +219,6 @@ def _unavailable(core):
         return "the prewarm fix is not active (see nvrx_ipc_fix.status())"
     return None
 
-
-def _rank():
-    """This rank, or None while ``torch.distributed`` is not initialized."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except Exception:
-        pass
-    return None
 
 
 def _serving(queue, core):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import inspect
 import os
 import sys
 import tempfile
@@ -43,6 +42,7 @@ import weakref
 from queue import Empty
 
 from . import _cleanup, _monitor
+from ._arguments import flags
 from ._errors import CheckpointWorkerError
 from ._log import hook_failed, logger
 
@@ -212,13 +212,13 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             _, caller, _ = calls.popleft()  # never finalized
             if error.worker_pid is not None:  # this rank's worker: start afresh next time
                 forget_caller(queue, caller)
-                if _blocking_no_dist(wrapped, args, kwargs)[1]:  # the others must learn too
+                if flags(wrapped, args, kwargs, "no_dist")[0]:  # the others must learn too
                     _failed.setdefault(queue, []).append(error)
         raise
     finally:
         calls.extend(reversed(later))
     if pending and not (calls and calls[0][0] < first):
-        if not _blocking_no_dist(wrapped, args, kwargs)[1]:  # else: the next collective one
+        if not flags(wrapped, args, kwargs, "no_dist")[0]:  # else: the next collective one
             error = pending.pop(0)
             _, error.failed_ranks = _collective(error.save, alive=False, failed=True)
             raise error
@@ -229,7 +229,7 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``PersistentAsyncCaller.is_current_async_call_done(blocking, no_dist)``."""
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
-    blocking, no_dist = _blocking_no_dist(wrapped, args, kwargs)
+    blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
     state = _state(caller)
     save = state.outstanding[0] if state.outstanding else None
     error = None
@@ -460,17 +460,6 @@ def _release_join(joinable):
     finally:
         cond.release()
 
-
-_signatures = {}
-
-
-def _blocking_no_dist(wrapped, args, kwargs):
-    sig = _signatures.get(wrapped)
-    if sig is None:
-        sig = _signatures[wrapped] = inspect.signature(wrapped)
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bool(bound.arguments.get("blocking")), bool(bound.arguments.get("no_dist"))
 
 
 def describe_exit(code):
