@@ -31,7 +31,7 @@ EXPECT = {
     #        warmup: AsyncCallsQueue.warmup_persistent_caller (a worker can start before a save)
     "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False,
                   warmup=False),
-    "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False,
+    "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=True,
                   warmup=False),
     "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False, worker_loop=True,
                   warmup=True),

@@ -241,11 +241,11 @@ DURING_IMPORT = """
     import nvrx_ipc_fix
     CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
     FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
-    errors, calls, done = [], 0, threading.Event()
+    errors, calls, done, started = [], 0, threading.Event(), threading.Event()
 
     def hammer():
         global calls
-        while not done.is_set():
+        while not done.is_set() or not started.is_set():
             for call in (nvrx_ipc_fix.status, nvrx_ipc_fix.activate, nvrx_ipc_fix.deactivate,
                          nvrx_ipc_fix.activate, nvrx_ipc_fix.release,
                          lambda: nvrx_ipc_fix.offloading().__enter__(),
@@ -255,9 +255,11 @@ DURING_IMPORT = """
                     calls += 1
                 except Exception as exc:
                     errors.append(f"{type(exc).__name__}: {exc}")
+            started.set()
 
     thread = threading.Thread(target=hammer)
     thread.start()
+    started.wait()  # every function has run once; now import NVRx while they keep running
     importlib.import_module(CORE); importlib.import_module(FS)
     done.set(); thread.join()
     nvrx_ipc_fix.activate()

@@ -76,7 +76,7 @@ def test_with_the_package_a_dead_worker_is_an_error_within_the_bound(every_fault
     words = {"preload": "exit code 1", "raise": "exit code 1", "exit": "exit code 3",
              "kill": "killed by SIGKILL", "idle": "while idle (killed by SIGKILL"}
     assert words[kind] in error["message"]
-    if kind in ("preload", "raise"):  # NVRx 0.6.0+: the worker's own traceback comes along
+    if kind in ("preload", "raise"):  # NVRx 0.5.0+: the worker's own traceback comes along
         assert error["worker_traceback"] is (expect("worker_loop") and PTH)
 
 

@@ -121,15 +121,18 @@ def mcore_persistent_worker(module):
 
 
 def worker_loop(module):
-    """NVRx core: does the worker call ``async_process_target`` by name (never pickled)?"""
+    """NVRx core: does the worker call ``async_process_target`` by name, never as the
+    process target that NVRx pickles (the code that starts the worker does not name it)?"""
     if module is None:
         return None
     caller = getattr(module, "PersistentAsyncCaller", None)
     if caller is None or "async_process_target" not in vars(caller):
         return "not_applicable", ("no PersistentAsyncCaller.async_process_target: the worker's "
                                   "traceback stays on stderr")
-    start = vars(caller).get("_start_worker")
-    if start is None or "async_process_target" in start.__code__.co_names:
+    starters = [vars(caller).get(name) for name in ("_start_worker", "schedule_async_call")]
+    codes = [getattr(f, "__code__", None) for f in starters if f is not None]
+    if not codes or any(code is None or "async_process_target" in code.co_names
+                        for code in codes):
         return "unsupported", "async_process_target may be the worker's Process target (pickled)"
     return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
 

@@ -20,7 +20,7 @@ into the worker is touched):
   handshake through that same all-reduce.
 * ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
   dies during the close ends the wait.
-* ``PersistentAsyncCaller.async_process_target`` (NVRx 0.6.0+, in the worker only, where it
+* ``PersistentAsyncCaller.async_process_target`` (NVRx 0.5.0+, in the worker only, where it
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
 
