@@ -93,7 +93,7 @@ def persistent_worker(module):
 
     if queue_names(caller) is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
-    return "active", "waits on the persistent worker end when it dies; stalls are reported"
+    return "active", "a dead persistent worker ends every wait with an error; stalls are logged"
 
 
 def warm_up(module):
