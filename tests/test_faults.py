@@ -219,7 +219,7 @@ def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
     try:
         ready = select.select([proc.stdout], [], [], 180)[0]  # the saves (a loaded CI is slow)
         saved = bool(ready) and "saved" in proc.stdout.readline()
-        proc.wait(timeout=30)  # the exit alone: seconds, or never
+        proc.wait(timeout=15)  # the exit alone: a second or two, or never
         hung = False
     except subprocess.TimeoutExpired:
         hung = True
