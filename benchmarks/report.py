@@ -27,7 +27,8 @@ def load(pattern=os.path.join(HERE, "results", "*.jsonl")):
     rows = []
     for path in sorted(glob.glob(pattern)):
         with open(path) as lines:
-            rows += [json.loads(line) for line in lines if line.strip()]
+            rows += [dict(json.loads(line), file=os.path.basename(path))
+                     for line in lines if line.strip()]
     return rows
 
 
@@ -123,14 +124,14 @@ def overhead_table(rows):
     """Median blocking time (and save + finalize) of ordinary cached saves per variant, one
     row per run (the first two saves of each process, which start the worker and prime the
     cache, are left out)."""
-    out = ["| run (--out) | NVRx | device | size | saves per variant | vanilla | package | "
+    out = ["| run (results file) | NVRx | device | size | saves per variant | vanilla | package | "
            "package without worker_watch | package / vanilla | worker_watch's cost | "
            "save + blocking finalize: vanilla, package |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {}
     for r in rows:
         if str(r.get("scenario", "")).startswith("overhead-") and r.get("saves"):
-            run = os.path.basename(r.get("command", "").split("--out ")[-1].split()[0])
+            run = r["file"]
             key = (run, r["nvrx"], r["device"].split()[0], r["size"])
             by.setdefault(key, {}).setdefault(r["scenario"][len("overhead-"):], []).extend(
                 (s["blocked_s"], s["total_s"]) for s in r["saves"][2:])
