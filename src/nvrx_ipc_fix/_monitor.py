@@ -134,15 +134,20 @@ class _Monitor:
                     self._check_progress(wait, now, bound)
 
     def _died(self, wait, process):
-        wait.exitcode = exitcode(process)
-        if wait.exitcode is None:
-            wait.exitcode = -1  # gone, code unknown
-        if wait.unblock is not None:
-            try:
-                wait.unblock()
-            except Exception as exc:
-                logger.error("rank %s: could not end %s after the worker died: %s", rank(),
-                             wait.where, exc)
+        code = exitcode(process)
+        with self.lock:  # remove() waits: a wait is unblocked only while it is registered
+            if wait.ended:
+                # It ended while the thread waited on its worker's sentinel (one tick): the
+                # death belongs to what came after (a close(abort=True), a later save), and
+                # its ``unblock`` would now reach that save's queues.
+                return
+            wait.exitcode = -1 if code is None else code  # -1: gone, code unknown
+            if wait.unblock is not None:
+                try:
+                    wait.unblock()
+                except Exception as exc:
+                    logger.error("rank %s: could not end %s after the worker died: %s",
+                                 rank(), wait.where, exc)
 
     def _check_progress(self, wait, now, bound):
         if wait.exitcode is not None:

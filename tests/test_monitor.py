@@ -1,0 +1,58 @@
+"""The monitor thread on its own (no NVRx): a worker's death ends only a wait that is still
+registered. The thread blocks for up to a tick on the sentinels of the waits it saw; a wait
+that ended meanwhile must not be unblocked, because its ``unblock`` resolves the queue's
+*current* caller: found in CI (NVRx 0.5.0, a save, ``close(abort=True)``, a save), where the
+first save's handshake wait, ended but still in the thread's hands, drained the next
+worker's preload queue when the aborted worker's death came in."""
+
+import os
+import threading
+
+from nvrx_ipc_fix import _monitor
+
+
+class FakeProcess:
+    """What the monitor reads of a ``multiprocessing.Process``: a sentinel (the read end of a
+    pipe, ready once the write end is closed), ``join`` and ``exitcode``. Reading the sentinel
+    tells the test that the thread has taken this wait into its next blocking wait."""
+
+    exitcode = -9
+
+    def __init__(self):
+        self._popen = object()  # "started"
+        self._read, self._write = os.pipe()
+        self.seen = threading.Event()
+
+    @property
+    def sentinel(self):
+        self.seen.set()
+        return self._read
+
+    def join(self, timeout=None):
+        pass
+
+    def die(self):
+        os.close(self._write)
+
+    def close(self):
+        os.close(self._read)
+
+
+def test_a_death_seen_after_the_wait_ended_does_not_unblock_it():
+    process, unblocked = FakeProcess(), threading.Event()
+    with _monitor.watching("a handshake", lambda: process, unblocked.set) as wait:
+        assert process.seen.wait(10), "the monitor thread never looked at the wait"
+    process.die()  # the thread is still blocked on this sentinel (a tick is up to 1 s)
+    assert not unblocked.wait(2.5)
+    assert wait.exitcode is None
+    process.close()
+
+
+def test_a_death_during_the_wait_unblocks_it_and_records_the_exit_code():
+    process, unblocked = FakeProcess(), threading.Event()
+    with _monitor.watching("a handshake", lambda: process, unblocked.set) as wait:
+        assert process.seen.wait(10)
+        process.die()
+        assert unblocked.wait(5)
+    assert wait.exitcode == -9
+    process.close()
