@@ -213,12 +213,16 @@ def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
         pytest.skip("NVRx 0.4.1 has no close(abort=True)")
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(EXIT).replace("{body}", EXITS[case]))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-                            env=_env(fix, auto=False))
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                stderr=stderr, text=True, start_new_session=True,
+                                env=_env(fix, auto=False))
+    line = ""
     try:
         ready = select.select([proc.stdout], [], [], 180)[0]  # the saves (a loaded CI is slow)
-        saved = bool(ready) and "saved" in proc.stdout.readline()
+        line = proc.stdout.readline() if ready else "(nothing within 180 s)"
+        saved = "saved" in line
         proc.wait(timeout=15)  # the exit alone: a second or two, or never
         hung = False
     except subprocess.TimeoutExpired:
@@ -227,7 +231,7 @@ def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert saved
+    assert saved, (line, errors.read_text()[-3000:])
     if fix:
         assert not hung and proc.returncode == 0
     else:

@@ -66,6 +66,15 @@ STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
 HUNG = threading.Event()  # set once the watchdog has reported a hang
 
 
+def _stopped(process):
+    """Is ``process`` stopped by a signal (state T in /proc; False where it cannot tell)?"""
+    try:
+        with open(f"/proc/{process.pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"T"
+    except (AttributeError, TypeError, OSError, IndexError):
+        return False
+
+
 class Trainer:
     """One rank: a state dict of ``n_tensors`` tensors and an NVRx queue."""
 
@@ -218,7 +227,7 @@ class Trainer:
             save_fn = faults.kill_self
         elif fault == "stop":
             save_fn = partial(faults.stop_then, save_fn)
-            threading.Timer(STOP_SECONDS, self._continue_worker).start()
+            threading.Thread(target=self._continue_worker, daemon=True).start()
         elif fault == "write":  # the checkpoint directory becomes a file
             shutil.rmtree(path, ignore_errors=True)
             open(path, "w").close()
@@ -232,7 +241,13 @@ class Trainer:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
         return save_fn, preload_fn
 
-    def _continue_worker(self):
+    def _continue_worker(self, limit=60.0):
+        """SIGCONT the worker ``STOP_SECONDS`` after it stopped itself (timed from the stop,
+        so that a slow save's handshake on a loaded machine does not shorten the stall)."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and not _stopped(self.worker()):
+            time.sleep(0.05)
+        time.sleep(STOP_SECONDS)
         worker = self.worker()
         if worker is not None and worker.pid:
             os.kill(worker.pid, signal.SIGCONT)
