@@ -218,7 +218,6 @@ def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
         proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                                 stderr=stderr, text=True, start_new_session=True,
                                 env=_env(fix, auto=False))
-    line = ""
     try:
         ready = select.select([proc.stdout], [], [], 180)[0]  # the saves (a loaded CI is slow)
         line = proc.stdout.readline() if ready else "(nothing within 180 s)"

@@ -219,8 +219,7 @@ def progress(pid, itself=True):
             continue
         seen.add(current)
         try:
-            with open(f"/proc/{current}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
+            fields = stat_fields(current)
             total += int(fields[11]) + int(fields[12])  # utime, stime
             todo.extend(_children(current))
         except (OSError, ValueError, IndexError):
@@ -234,6 +233,13 @@ def progress(pid, itself=True):
         except (OSError, ValueError, IndexError):
             pass
     return total
+
+
+def stat_fields(pid):
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); OSError
+    without /proc or without that process."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rsplit(b")", 1)[1].split()
 
 
 def _children(pid):

@@ -49,6 +49,7 @@ from functools import partial
 
 import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
 from nvrx_ipc_fix import faults
+from nvrx_ipc_fix._monitor import stat_fields
 
 import torch
 import torch.distributed as dist
@@ -69,9 +70,8 @@ HUNG = threading.Event()  # set once the watchdog has reported a hang
 def _stopped(process):
     """Is ``process`` stopped by a signal (state T in /proc; False where it cannot tell)?"""
     try:
-        with open(f"/proc/{process.pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] == b"T"
-    except (AttributeError, TypeError, OSError, IndexError):
+        return stat_fields(process.pid)[0] == b"T"
+    except (AttributeError, OSError, IndexError):
         return False
 
 
@@ -232,14 +232,18 @@ class Trainer:
             shutil.rmtree(path, ignore_errors=True)
             open(path, "w").close()
         elif fault == "idle":
-            worker = self.worker()
-            if worker is not None:
-                os.kill(worker.pid, signal.SIGKILL)
-                while worker.is_alive():
-                    time.sleep(0.05)
+            self.kill_worker()
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
         return save_fn, preload_fn
+
+    def kill_worker(self):
+        """SIGKILL the worker that would take the next save (if any) and wait until it is gone."""
+        worker = self.worker()
+        if worker is not None:
+            os.kill(worker.pid, signal.SIGKILL)
+            while worker.is_alive():
+                time.sleep(0.05)
 
     def _continue_worker(self, limit=60.0):
         """SIGCONT the worker ``STOP_SECONDS`` after it stopped itself (timed from the stop,
@@ -374,10 +378,7 @@ def _step(trainer, report, index, step, n_tensors, rank):
     elif step == "ready":
         report.setdefault("ready", []).append(_ready(trainer))
     elif step == "kill-worker":
-        worker = trainer.worker()
-        os.kill(worker.pid, signal.SIGKILL)
-        while worker.is_alive():
-            time.sleep(0.05)
+        trainer.kill_worker()
     elif step == "probe":
         report.setdefault("probes", []).append(trainer.probe())
     elif step in EXTRA_STEPS:
