@@ -210,15 +210,15 @@ def _unavailable(core):
     """Why nothing can be prewarmed in this process, or None."""
     if core is None or not hasattr(core, "AsyncCallsQueue"):
         return "NVRx is not imported"
-    if (not hasattr(core.AsyncCallsQueue, "warmup_persistent_caller")
-            or "_start_worker" not in vars(core.PersistentAsyncCaller)):
-        return "this NVRx starts its worker only inside a save (no warmup_persistent_caller)"
     from ._lifecycle import installed
+    from ._targets import warm_up
 
+    state, reason = warm_up(core)  # the target table's check of this NVRx
+    if state != "active":
+        return reason
     if not installed("prewarm", "AsyncCallsQueue.schedule_async_request"):
         return "the prewarm fix is not active (see nvrx_ipc_fix.status())"
     return None
-
 
 
 def _serving(queue, core):
