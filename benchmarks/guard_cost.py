@@ -14,7 +14,7 @@ Prints milliseconds per save.
 import argparse
 import sys
 import timeit
-import weakref
+from types import SimpleNamespace
 
 
 def plan_of(count):
@@ -44,9 +44,10 @@ def main():
         items = _stale_guard._tensor_items(plan)
         key = fs._compute_data_structure_key_from_plan(items)
         fs.FileSystemWriterAsync._cached_identifiers.add(key)
-        _stale_guard._sent[key] = tuple(
-            (i, weakref.ref(planner.resolve_data(item).untyped_storage()),
-             planner.resolve_data(item).data_ptr()) for i, item in enumerate(items))
+        sent = SimpleNamespace(consistent_data_identifier=SimpleNamespace(key=key),
+                               cached_tensor_data=(items, [planner.resolve_data(item)
+                                                           for item in items]))
+        _stale_guard._record_sent(sent, items)  # what the guard keeps after a full send
 
         def guard():
             _stale_guard._invalidate_if_moved(None, _stale_guard._tensor_items(plan), planner)

@@ -32,6 +32,24 @@ def load(pattern=os.path.join(HERE, "results", "*.jsonl")):
     return rows
 
 
+def _device_used(r):
+    """The most device memory used at a ``measure``, over an empty CUDA process; "n/a" without
+    a figure or where another process was on the device at the baseline."""
+    used = [m["device_used"] for m in r.get("measures") or [] if m.get("device_used") is not None]
+    if not used or r["baseline_bytes"] > CLEAN_BASELINE:
+        return "n/a"
+    return f"{(max(used) - r['baseline_bytes']) / GIB:.3f} GiB"
+
+
+def _release_s(r):
+    """Seconds of the release: NeMo RL's whole offload call where it released, else the
+    median of the ``release()`` calls; None without one."""
+    if r.get("auto_release_s") is not None:
+        return r["auto_release_s"]
+    releases = [x["seconds"] for x in r.get("releases") or []]
+    return statistics.median(releases) if releases else None
+
+
 def lifecycle_table(rows, size, ranks=1):
     """One row per (NVRx, scenario[, rank]); with ``--cycles`` the worst cycle's memory, the
     median next-save blocking time and release over the cycles, and the stale tensors of
@@ -46,14 +64,11 @@ def lifecycle_table(rows, size, ranks=1):
     for r in sorted(found, key=lambda r: (r["nvrx"], ORDER.index(r["scenario"]), r["rank"])):
         measures = r.get("measures") or [{}]
         held = max(m.get("allocated") or 0 for m in measures)
-        used = [m.get("device_used") for m in measures if m.get("device_used") is not None]
-        used = ("n/a" if not used or r["baseline_bytes"] > CLEAN_BASELINE
-                else f"{(max(used) - r['baseline_bytes']) / GIB:.3f} GiB")
+        used = _device_used(r)
         after = r["saves"][2:] or r["saves"][-1:]
         blocks = statistics.median(s["blocked_s"] for s in after)
         total = statistics.median(s["total_s"] or float("nan") for s in after)
-        releases = [x["seconds"] for x in r.get("releases") or []]
-        seconds = r.get("auto_release_s") or (statistics.median(releases) if releases else None)
+        seconds = _release_s(r)
         stale = sum(s["stale"] or 0 for s in r["saves"])
         out.append(
             f"| {r['nvrx']} | {r['scenario']} |" + (f" {r['rank']} |" if rank_col else "")
@@ -99,21 +114,17 @@ def prewarm_table(rows, size):
     for r in sorted(found, key=lambda r: (r["nvrx"], PREWARM.index(r["scenario"]))):
         measures, saves = r.get("measures") or [], r["saves"]
         workers = sorted({m.get("workers") for m in measures}, key=str)
-        used = [m["device_used"] for m in measures if m.get("device_used") is not None]
-        used = ("n/a" if not used or r["baseline_bytes"] > CLEAN_BASELINE
-                else f"{(max(used) - r['baseline_bytes']) / GIB:.3f} GiB")
+        used = _device_used(r)
         warm, first = saves[1]["blocked_s"], saves[0]["blocked_s"]
         after = [s["blocked_s"] for s in saves[2:]] or [float("nan")]
-        release = [x["seconds"] for x in r.get("releases") or []]
-        if r.get("auto_release_s") is not None:
-            release = [r["auto_release_s"]]
+        release = _release_s(r)
         ready = [x["ready_s"] for x in (r.get("ready") or [])[1:] if x.get("ready_s")]
         out.append(
             f"| {r['nvrx']} | {r['scenario']} | {r.get('cycles')} | "
             f"{', '.join(map(str, workers))} | {used} | {warm:.3f} s | "
             f"{statistics.median(after):.3f} / {max(after):.3f} s | {max(after) / warm:.2f} | "
             f"{first:.3f} s | {first / warm:.2f} | "
-            f"{f'{statistics.median(release):.3f} s' if release else ''} | "
+            f"{'' if release is None else f'{release:.3f} s'} | "
             f"{f'{statistics.median(ready):.2f} / {max(ready):.2f} s' if ready else ''} | "
             f"{sum(s.get('stale') or 0 for s in saves)} | "
             f"{'**yes**' if r.get('hang') else 'no'} |")
