@@ -1,8 +1,10 @@
 """A checkpoint worker that dies or stops, on the real NVRx worker (and megatron-core's),
 one rank and two (gloo): without the package NVRx waits for ever (the scenario's watchdog
-reports the hang); with it every rank raises ``CheckpointWorkerError`` within seconds, the
-failed save is never finalized, the next save is correct value by value, and the process
-exits normally. Faults are injected inside the worker (``nvrx_ipc_fix.faults``)."""
+reports the hang); with it, by the recovery protocol (README, "Worker failures"), the
+failure is raised once per rank, by the finalize that covers the failed save (blocking or a
+training loop's non-blocking polls, ``no_dist`` True or False), the failed save is never
+finalized and the error names it, nothing is held back, and the next save is loaded back
+value by value. Faults are injected inside the worker (``nvrx_ipc_fix.faults``)."""
 
 import json
 import os
@@ -22,6 +24,10 @@ BOUND = 5.0  # seconds within which the error must come (detection takes about o
 HANGS = ["preload", "raise", "exit", "kill", "idle"]  # what NVRx alone never returns from
 ALL = ["preload", "raise", "write", "exit", "kill", "idle", "stop"]
 STALL = {"NVRX_IPC_FIX_STALL_TIMEOUT": "2"}  # fault-stop stops the worker for 6 s
+#: (finalize, no_dist): one blocking finalize or a training loop's polls; NVRx's no_dist
+MODES = [("blocking", False), ("blocking", True), ("poll", False), ("poll", True)]
+WORDS = {"preload": "exit code 1", "raise": "exit code 1", "exit": "exit code 3",
+         "kill": "killed by SIGKILL", "idle": "while idle (killed by SIGKILL"}
 
 
 def steps_for(kinds):
@@ -29,6 +35,15 @@ def steps_for(kinds):
     for kind in kinds:
         steps += [f"fault-{kind}", "save"]
     return steps
+
+
+def loaded(report):
+    """The ``stale`` count of every save the report says was saved (loaded back)."""
+    return [s["stale"] for s in report["saves"] if not s.get("lost")]
+
+
+def mode_id(mode):
+    return f"{mode[0]}-no_dist={mode[1]}"
 
 
 @pytest.mark.parametrize("kind", HANGS)
@@ -45,45 +60,62 @@ def test_without_the_package_a_write_failure_is_reported_and_a_stall_is_silent()
     write, stop = report["faults"]
     assert write["error"]["type"] in ("CheckpointException", "RuntimeError")  # 0.4.1: Runtime
     assert stop["error"] is None and report["log"] == []
-    assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
+    assert loaded(report) == [0, 0, 0, 0]  # the failed write's save is not loaded
 
 
 @pytest.fixture(scope="module")
 def every_fault():
-    """One trainer through every fault in turn, a save after each; activated at start-up
-    where the .pth is installed, so the worker has the package too (its traceback)."""
+    """One trainer through every fault in turn, a save after each (one blocking finalize,
+    no_dist=False, as Megatron's blocking save); activated at start-up where the .pth is
+    installed, as users deploy it."""
     return scenario(steps_for(ALL), timeout=30, env=STALL, auto=PTH)
+
+
+@pytest.fixture(scope="module", params=MODES, ids=mode_id)
+def each_mode(request, every_fault):
+    """Every fault that hangs NVRx, in each finalize mode (the blocking, no_dist=False one
+    is ``every_fault``'s run)."""
+    finalize, no_dist = request.param
+    if request.param == MODES[0]:
+        return every_fault
+    return scenario(steps_for(HANGS), timeout=30, finalize=finalize, no_dist=no_dist)
 
 
 @pytest.mark.smoke
 def test_with_the_package_nothing_hangs_and_every_later_save_is_correct(every_fault):
     assert every_fault["hang"] is None, every_fault["stderr"]
-    assert [s["stale"] for s in every_fault["saves"]] == [0] * (len(ALL) + 2)  # stop: saved
+    assert loaded(every_fault) == [0] * (len(ALL) + 2)  # stop: saved too; write: not
     assert every_fault["fix"]["worker_watch"] == "active"
 
 
 @pytest.mark.parametrize("kind", HANGS)
-def test_with_the_package_a_dead_worker_is_an_error_within_the_bound(every_fault, kind):
-    outcome = next(f for f in every_fault["faults"] if f["fault"] == kind)
+def test_a_dead_worker_is_one_error_raised_by_the_finalize_then_the_next_save_loads(
+        each_mode, kind):
+    report = each_mode
+    assert report["hang"] is None, report["stderr"]
+    index = next(i for i, f in enumerate(report["faults"]) if f["fault"] == kind)
+    outcome = report["faults"][index]
     error = outcome["error"]
-    assert error["type"] == "CheckpointWorkerError", outcome
+    assert error is not None and error["type"] == "CheckpointWorkerError", outcome
+    assert outcome["raised_in"] == "finalize"  # never by schedule_async_request
     assert outcome["after_s"] < BOUND
     assert "rank 0: save #" in error["message"] and "pid" in error["message"]
-    during_handshake = kind in ("preload", "idle")
-    assert outcome["raised_in"] == ("schedule" if during_handshake else "finalize")
-    if during_handshake:  # not handed over: the next finalize raises it again, for the others
-        assert outcome["finalize_error"]["type"] == "CheckpointWorkerError"
-        assert outcome["finalize_error"]["failed_ranks"] == [0]
-    words = {"preload": "exit code 1", "raise": "exit code 1", "exit": "exit code 3",
-             "kill": "killed by SIGKILL", "idle": "while idle (killed by SIGKILL"}
-    assert words[kind] in error["message"]
-    if kind in ("preload", "raise"):  # NVRx 0.5.0+: the worker's own traceback comes along
-        assert error["worker_traceback"] is (expect("worker_loop") and PTH)
+    assert WORDS[kind] in error["message"]
+    failed = next(s for s in report["saves"] if s["step"] == outcome["step"])
+    assert failed["lost"] and outcome["lost"] == [failed["version"]]  # named, not loaded
+    assert outcome["pending_after"] == 0  # nothing held back
+    assert outcome["again"] is None  # raised once: the next finalize has nothing to say
+    after = next(s for s in report["saves"] if s["step"] == outcome["step"] + 1)
+    assert after["stale"] == 0 and not after.get("lost")  # finalized, loaded, current
+    if kind in ("preload", "raise"):  # the worker's own words come along
+        assert error["worker_traceback"]
+        assert "injected fault in the worker's " in error["text"]
 
 
 def test_with_the_package_a_write_failure_is_still_nvrx_s_error(every_fault):
     outcome = next(f for f in every_fault["faults"] if f["fault"] == "write")
     assert outcome["error"]["type"] in ("CheckpointException", "RuntimeError")
+    assert outcome["again"] is None
 
 
 def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault):
@@ -98,20 +130,45 @@ def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault
     assert "ended after" in recovered["message"] or "progress again" in recovered["message"]
 
 
-def test_no_false_alarm_over_200_healthy_saves():
-    """With a stall bound far below the default (300 s) but above the first save's start-up
-    (NVRx starts its results-queue manager then, and the worker waits on it)."""
-    report = scenario(["save"] * 200, tensors=2, numel=64, timeout=30,
-                      env={"NVRX_IPC_FIX_STALL_TIMEOUT": "10"})
-    assert report["hang"] is None and report["log"] == []
-    assert [s["stale"] for s in report["saves"]] == [0] * 200
+@pytest.mark.parametrize("mode", [MODES[0], MODES[2]], ids=mode_id)
+def test_saves_in_flight_behind_a_failed_one_are_named_not_silently_dropped(mode):
+    """The worker dies on a save with more saves scheduled behind it: one error names every
+    save the dead worker never completed; a save that reached a fresh worker is finalized
+    (blocking: by the same call; polls: by the next); the next save loads."""
+    steps = ["save", "fault-raise-async", "save-async", "finalize", "save",
+             "fault-kill-async", "save-async", "save-async", "finalize", "save"]
+    report = scenario(steps, timeout=30, finalize=mode[0], no_dist=mode[1])
+    assert report["hang"] is None, report["stderr"]
+    raised = [f for f in report["faults"] if f["error"] is not None]
+    assert [f["step"] for f in raised] == [3, 8]  # by the finalize steps, once each
+    version = {s["step"]: s["version"] for s in report["saves"]}
+    first, second = raised
+    assert first["lost"] == [version[1], version[2]]  # the failed save and the one behind
+    assert "injected fault in the worker's async_fn" in first["error"]["text"]
+    assert first["pending_after"] == 0 and first["again"] is None
+    assert second["lost"] == [version[5], version[6]]  # save 7 went to a fresh worker
+    assert second["pending_after"] == (0 if mode[0] == "blocking" else 1)
+    assert second["again"] is None
+    assert [s["step"] for s in report["saves"] if not s.get("lost")] == [0, 4, 7, 9]
+    assert loaded(report) == [0, 0, 0, 0]
 
 
-def two_ranks(tmp_path, step, fix=True, timeout=20, impl="nvrx"):
+def test_fifty_failures_and_recoveries_leak_no_descriptors_semaphores_or_threads():
+    """Each dead worker's queues (19 POSIX semaphores, pipes) and process are let go: 50
+    failures leave what one left."""
+    steps = ["save", "fault-kill", "save", "resources"] + ["fault-kill", "save"] * 49
+    report = scenario(steps + ["resources"], timeout=30, tensors=2, numel=64)
+    assert report["hang"] is None, report["stderr"]
+    assert len(report["faults"]) == 50 and loaded(report) == [0] * 51
+    one, fifty = report["resources"]
+    assert fifty == one, report["resources"]
+
+
+def two_ranks(tmp_path, steps, fix=True, timeout=20, impl="nvrx", finalize="blocking"):
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", f"save,{step},save",
+        [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps,
          "--rank", str(rank), "--world-size", "2", "--dir", str(tmp_path), "--timeout",
-         str(timeout), "--numel", "512", "--impl", impl],
+         str(timeout), "--numel", "512", "--impl", impl, "--finalize", finalize],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env=_env(fix, auto=False)) for rank in (0, 1)]
     reports = []
@@ -122,24 +179,30 @@ def two_ranks(tmp_path, step, fix=True, timeout=20, impl="nvrx"):
     return reports
 
 
-@pytest.mark.parametrize("step", ["fault-kill@1", "fault-preload@0"])
-def test_two_ranks_one_fault_every_rank_raises_then_saves(tmp_path, step):
-    failed = int(step[-1])
-    reports = two_ranks(tmp_path, step)
+@pytest.mark.parametrize("finalize", ["blocking", "poll"])
+@pytest.mark.parametrize("kind", ["kill", "preload", "idle"])
+def test_two_ranks_a_fault_on_rank_0_then_on_rank_1_every_rank_raises_once_then_saves(
+        tmp_path, kind, finalize):
+    reports = two_ranks(tmp_path, f"save,fault-{kind}@0,save,fault-{kind}@1,save",
+                        finalize=finalize)
     for rank, report in enumerate(reports):
         assert report["hang"] is None
-        assert [s["stale"] for s in report["saves"]] == [0, 0]  # the save after the fault
-        outcome = report["faults"][0]
-        final = outcome["finalize_error"] or outcome["error"]
-        assert final["type"] == "CheckpointWorkerError"
-        assert final["failed_ranks"] == [failed]
-        assert outcome["after_s"] < BOUND
-        if rank != failed:
-            assert f"failed on rank {failed}" in outcome["error"]["message"]
+        assert loaded(report) == [0, 0, 0]  # the saves after the faults, loaded on every rank
+        for failed, outcome in enumerate(report["faults"]):  # rank 0's fault, then rank 1's
+            assert outcome["error"]["type"] == "CheckpointWorkerError", outcome
+            assert outcome["raised_in"] == "finalize" and outcome["again"] is None
+            assert outcome["error"]["failed_ranks"] == [failed]
+            assert outcome["after_s"] < BOUND and outcome["pending_after"] == 0
+            if rank != failed:
+                assert f"failed on rank {failed}" in outcome["error"]["message"]
+            else:
+                assert WORDS[kind] in outcome["error"]["message"]
+    assert [f["finalize_calls"] for f in reports[0]["faults"]] == [
+        f["finalize_calls"] for f in reports[1]["faults"]]  # the same call on both ranks
 
 
 def test_two_ranks_without_the_package_both_wait_for_ever(tmp_path):
-    reports = two_ranks(tmp_path, "fault-kill@1", fix=False, timeout=10)
+    reports = two_ranks(tmp_path, "save,fault-kill@1,save", fix=False, timeout=10)
     assert reports[1]["hang"]["worker_died"]  # the rank whose worker died
     assert reports[0]["hang"] is not None and not reports[0]["hang"]["worker_died"]
 
@@ -148,44 +211,42 @@ needs_mcore = pytest.mark.skipif(MCORE is None, reason="megatron-core is not ins
                                  "(the py311-megatron env has it)")
 
 
-@needs_mcore
-@pytest.mark.mcore
-def test_mcore_worker_faults_end_in_errors_and_the_next_save_succeeds():
-    kinds = ["kill", "idle", "preload", "raise"]
+def mcore_scenario(steps, fix=True, **options):
     code = f"""
         import json, tempfile
         from nvrx_ipc_fix import scenario
         with tempfile.TemporaryDirectory() as d:
-            print(json.dumps(scenario.run({steps_for(kinds)!r}, d, timeout=30, numel=512,
-                                          cached=False, impl="mcore")))
+            print(json.dumps(scenario.run({steps!r}, d, timeout=30, numel=512,
+                                          cached=False, impl="mcore", **{options!r})))
     """
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], timeout=300)
+    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix,
+                               timeout=300)
     assert rc == 0, err[-3000:]
-    report = json.loads(out.strip().splitlines()[-1])
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@needs_mcore
+@pytest.mark.mcore
+@pytest.mark.parametrize("mode", [MODES[0], MODES[3]], ids=mode_id)
+def test_mcore_worker_faults_are_one_error_each_and_the_next_save_loads(mode):
+    report = mcore_scenario(steps_for(HANGS), finalize=mode[0], no_dist=mode[1])
     assert report["fix"]["mcore_worker_watch"] == "active"
     assert report["hang"] is None
-    assert [s["stale"] for s in report["saves"]] == [0] * (len(kinds) + 1)
+    assert loaded(report) == [0] * (len(HANGS) + 1)
     for outcome in report["faults"]:
         assert outcome["error"]["type"] == "CheckpointWorkerError", outcome
-        assert outcome["after_s"] < BOUND
+        assert outcome["raised_in"] == "finalize" and outcome["again"] is None
+        assert outcome["after_s"] < BOUND and outcome["pending_after"] == 0
+        assert WORDS[outcome["fault"]] in outcome["error"]["message"]
+        if outcome["fault"] in ("preload", "raise"):  # its worker leaves no traceback itself
+            assert "injected fault in the worker's " in outcome["error"]["text"]
 
 
 @needs_mcore
 @pytest.mark.mcore
 def test_mcore_without_the_package_waits_for_ever():
-    code = """
-        import json, tempfile
-        from nvrx_ipc_fix import scenario
-        with tempfile.TemporaryDirectory() as d:
-            print(json.dumps(scenario.run(["save", "fault-kill", "save"], d, timeout=20,
-                                          numel=512, cached=False, impl="mcore")))
-    """
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=False,
-                               timeout=300)
-    assert rc == 0, err[-3000:]
-    report = json.loads(out.strip().splitlines()[-1])
+    report = mcore_scenario(["save", "fault-kill", "save"], fix=False)
     assert report["hang"] is not None and report["hang"]["worker_died"]
-
 
 
 EXITS = {  # a training script that ends without closing its queue

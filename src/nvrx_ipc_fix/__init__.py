@@ -13,7 +13,8 @@ from ._lifecycle import activate, deactivate, status  # noqa: E402
 from ._lifecycle import enable as _enable  # noqa: E402
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
-           "prewarm", "PrewarmReport", "CheckpointWorkerError", "ray_runtime_env",
+           "prewarm", "PrewarmReport", "CheckpointWorkerError", "PersistentAsyncWorkerError",
+           "ray_runtime_env",
            "ray_worker_setup", "State", "Status",
            "FixStatus",
            "TargetStatus"]
@@ -21,7 +22,7 @@ __all__ = ["activate", "deactivate", "status", "release", "offloading", "Release
 _LAZY = {"State": "_status", "Status": "_status", "FixStatus": "_status",
          "TargetStatus": "_status", "release": "_release", "offloading": "_release",
          "ReleaseReport": "_release", "prewarm": "_prewarm", "PrewarmReport": "_prewarm",
-         "CheckpointWorkerError": "_errors",
+         "CheckpointWorkerError": "_errors", "PersistentAsyncWorkerError": "_errors",
          "ray_runtime_env": "_ray"}
 
 

@@ -1,5 +1,6 @@
 """``CheckpointWorkerError``: what a rank raises instead of waiting for ever on a failed
-checkpoint worker."""
+checkpoint worker; ``PersistentAsyncWorkerError`` is the same class under the name of
+Megatron-LM PR #6971, for handling written against that PR."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ from __future__ import annotations
 class CheckpointWorkerError(RuntimeError):
     """The NVRx (or megatron-core) persistent checkpoint worker failed during a save.
 
-    Raised on the rank whose worker died, as soon as its wait on the worker ends, and on
-    every rank at the next finalize of that save (the failure travels with NVRx's finalize
-    all-reduce), so no rank is left waiting. The failed save is never finalized; the next
-    save starts a fresh worker and sends full tensors.
+    Raised once per rank, by the finalize (``maybe_finalize_async_calls``) that reaches the
+    failed save: with ``no_dist=False`` on every rank at the same call (the failure travels
+    with NVRx's finalize all-reduce), with ``no_dist=True`` on the rank whose worker failed.
+    Scheduling a save never raises it. The failed save, and any save the dead worker had
+    not completed, is never finalized (``lost_saves``); the saves behind them are finalized
+    by the same call (``finalized``) or stay pending for the next one. The next save starts
+    a fresh worker and sends full tensors.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, save: int | None = None,
@@ -18,14 +22,21 @@ class CheckpointWorkerError(RuntimeError):
                  worker_traceback: str | None = None, failed_ranks: tuple = ()):
         super().__init__(message)
         self.rank = rank  # the rank that raised
-        self.save = save  # NVRx's call_idx of the failed save
+        self.save = save  # NVRx's call_idx of the (first) failed save
         self.worker_pid = worker_pid  # this rank's worker, when this rank's worker failed
         self.exitcode = exitcode  # multiprocessing's: negative for a signal
         self.worker_traceback = worker_traceback
         self.failed_ranks = tuple(failed_ranks)  # every rank whose worker failed, when known
+        self.lost_saves = (save,)  # every save this finalize dropped, not saved
+        self.finalized = ()  # the saves the same finalize finalized
 
     def __reduce__(self):  # picklable with its attributes (Ray, multiprocessing)
         return (_rebuild, (type(self), str(self), vars(self)))
+
+
+#: Megatron-LM PR #6971's name (not in released megatron-core): ``except
+#: PersistentAsyncWorkerError`` catches this package's error.
+PersistentAsyncWorkerError = CheckpointWorkerError
 
 
 def _rebuild(cls, message, attributes):

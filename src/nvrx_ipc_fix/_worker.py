@@ -1,4 +1,5 @@
-"""Functions that run inside the NVRx checkpoint worker.
+"""Functions that run inside the NVRx (or megatron-core) checkpoint worker, and the
+traceback file through which the worker's last uncaught exception reaches the trainer.
 
 They travel in an ``AsyncRequest`` and are pickled by reference (module and name), so
 the worker imports this module to run them. That import activates the package in the
@@ -10,8 +11,50 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+#: Where the worker leaves the traceback of its last uncaught exception.
+TRACEBACK_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.traceback"
+
+
+def reporting(function, *args, **kwargs):
+    """Run a save request's ``async_fn`` or ``preload_fn``; if it raises, leave the
+    traceback for the trainer (the worker then dies of it, as without the package)."""
+    try:
+        return function(*args, **kwargs)
+    except BaseException:
+        leave_traceback()
+        raise
+
+
+def leave_traceback():
+    """Write the exception being handled to this worker's traceback file (never raises)."""
+    import traceback
+
+    try:
+        with open(traceback_path(os.getpid()), "w", encoding="utf-8") as out:
+            out.write(traceback.format_exc()[-16000:])
+    except Exception:
+        pass
+
+
+def traceback_path(pid):
+    return os.path.join(tempfile.gettempdir(), TRACEBACK_FILE.format(uid=os.getuid(), pid=pid))
+
+
+def read_traceback(pid):
+    """The traceback the worker ``pid`` left (and remove the file), or None."""
+    if pid is None:
+        return None
+    path = traceback_path(pid)
+    try:
+        with open(path, encoding="utf-8") as found:
+            text = found.read()
+        os.unlink(path)
+        return text.strip() or None
+    except OSError:
+        return None
 
 
 def drop_cache():

@@ -1,31 +1,34 @@
 """Fixes ``worker_watch`` (NVRx) and ``mcore_worker_watch`` (megatron-core's copy): a dead
-persistent checkpoint worker becomes a ``CheckpointWorkerError`` on every rank instead of a
-wait for ever; a stuck one is reported (``_monitor``).
+persistent checkpoint worker becomes one ``CheckpointWorkerError`` on every rank, raised by
+the finalize that covers the failed save, instead of a wait for ever; a stuck one is
+reported (``_monitor``).
 
 NVRx's trainer waits on its worker in three places, none of them bounded: the preload
 handshake of a save (``preload_q.join()``), a blocking finalize (polling ``comp_q`` for
 ever) and ``close()`` (``queue.join()``). Wrapped here, on the classes (nothing NVRx pickles
 into the worker is touched):
 
-* ``AsyncCallsQueue.schedule_async_request``: the handshake is watched; if the worker dies
-  (or was dead before the save), the save is taken back, this rank raises at once, and the
-  failure is kept for the next finalize.
+* ``AsyncCallsQueue.schedule_async_request``: the handshake is watched. A save whose worker
+  is dead (before the save or during the handshake) is still scheduled, as NVRx counts it,
+  but marked failed; the call returns, and the save's finalize raises. The request's
+  functions run inside ``_worker.reporting``, which leaves the worker's traceback.
 * ``PersistentAsyncCaller.is_current_async_call_done``: the same protocol as NVRx's (one
   int all-reduce over ranks, the same tensor), but the local wait ends when the worker
   dies, a completion is accepted only for the save being finalized (never an older one, nor
   ``release()``'s), and a failure adds ``FAILED`` to the all-reduced value, so every rank
   learns of it in the collective NVRx makes anyway and raises.
-* ``AsyncCallsQueue.maybe_finalize_async_calls``: drops the failed save (it is never
-  finalized) and, once the saves before it are finalized, sends a failure kept from the
-  handshake through that same all-reduce.
+* ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped (never
+  finalized); the finalize goes on with the saves behind it as NVRx would (a blocking one
+  waits for them all), then raises one error naming every save that was not saved.
 * ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
   dies during the close ends the wait.
 * ``PersistentAsyncCaller.async_process_target`` (NVRx 0.5.0+, in the worker only, where it
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
 
-After a failure the dead worker's queues are closed, the queue forgets the caller (the next
-save spawns a fresh worker) and the trainer-side caches are cleared (it sends full tensors).
+When a worker is found dead, the completions it sent are read, its queues closed, the
+queue forgets the caller (the next save spawns a fresh worker; megatron-core's class-level
+worker state is reset) and the trainer-side caches are cleared (it sends full tensors).
 At exit, workers nobody closed are told to stop (``at_exit``), so no exit waits on one.
 Nothing here waits or talks to other ranks while the interpreter shuts down.
 """
@@ -36,12 +39,11 @@ import atexit
 import collections
 import os
 import sys
-import tempfile
-import traceback
 import weakref
+from functools import partial
 from queue import Empty
 
-from . import _cleanup, _monitor
+from . import _cleanup, _monitor, _worker
 from ._arguments import flags
 from ._errors import CheckpointWorkerError
 from ._log import hook_failed, logger
@@ -58,22 +60,27 @@ FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ra
 RELEASE_HINT = ("another rank has not reached it. This all-reduce runs inside "
                 "nvrx_ipc_fix.release(), which finalizes pending saves: call release() on "
                 "every rank, in the same order.")
-#: Where the worker leaves the traceback of its last uncaught exception.
-TRACEBACK_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.traceback"
 
 
 class _CallerState:
     """What the watch knows about one persistent caller."""
 
-    __slots__ = ("outstanding", "__weakref__")
+    __slots__ = ("outstanding", "failed", "completed", "death", "__weakref__")
 
     def __init__(self):
-        self.outstanding = collections.deque()  # call_idx scheduled, completion not consumed
+        self.outstanding = collections.deque()  # call_idx scheduled on it, not yet finalized
+        self.failed = {}  # call_idx -> CheckpointWorkerError: failed before its finalize
+        self.completed = set()  # call_idx a dead worker had completed (read from its comp_q)
+        self.death = None  # _Death of its worker: what that had not completed is lost
+
+
+class _Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback")):
+    """How a caller's worker died (no exception object: a raised one's frames would hold
+    the caller, and with it the dead worker's queues and semaphores, for ever)."""
 
 
 _callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the callers at_exit stops
 _exit_pid = None  # the process that registered at_exit (a forked child must not run it)
-_failed = weakref.WeakKeyDictionary()  # AsyncCallsQueue -> [CheckpointWorkerError] to finalize
 
 
 def _state(caller):
@@ -95,9 +102,9 @@ def at_exit():
     is finalized (that would take collectives)."""
     if _exit_pid != os.getpid():
         return
-    for caller in list(_callers):
+    for caller, state in list(_callers.items()):
         process = _monitor.started_process(process_of(caller))
-        if process is None:
+        if process is None or state.death is not None:
             continue
         try:
             if process.exitcode is None:
@@ -154,16 +161,19 @@ def _dead(process):
 # -- wrappers -------------------------------------------------------------------------------
 
 def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
-    """Around ``AsyncCallsQueue.schedule_async_request``: watch the preload handshake."""
+    """Around ``AsyncCallsQueue.schedule_async_request``: watch the preload handshake; a
+    save that cannot reach a live worker is scheduled as failed, for its finalize."""
     if _finalizing() or not getattr(queue, "persistent", True):
         return wrapped(*args, **kwargs)
     try:
         caller, save = caller_of(queue), queue.call_idx + 1
-        if _dead(process_of(caller)):  # died while idle: sending would only pile up
-            queue.call_idx = save  # in step with the ranks that do schedule it
-            raise _fail(queue, caller, save, "before the save, while idle")
-    except CheckpointWorkerError:
-        raise
+        request = args[0] if args else kwargs["async_request"]
+        process = process_of(caller)
+        if _dead(process):  # died while idle: sending would only pile up
+            error = _own_failure(caller, save, process, "before the save, while idle")
+            forget_caller(queue, caller)
+            return _scheduled_failed(queue, caller, save, request, error)
+        args, kwargs = (_reporting(request),), {}
     except Exception as exc:
         hook_failed("AsyncCallsQueue.schedule_async_request", exc)
         return wrapped(*args, **kwargs)
@@ -175,19 +185,46 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                            lambda: process_of(caller_of(queue)), unblock) as wait:
         try:
             result = wrapped(*args, **kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # an interrupt, say: the other ranks must still learn
             if queue.call_idx == save and not _appended(queue, save):
-                _fail(queue, caller_of(queue), save, "while it was being scheduled",
-                      cause=exc)  # kept for the finalize, so the other ranks learn of it
+                caller = caller_of(queue)
+                error = CheckpointWorkerError(
+                    f"rank {_monitor.rank()}: save #{save} failed while it was being "
+                    f"scheduled ({type(exc).__name__}: {exc}). The save was not finalized.",
+                    rank=_monitor.rank(), save=save)
+                _scheduled_failed(queue, caller, save, request, error, log=False)
             raise
-    caller = caller_of(queue)
+    caller = queue.async_calls[-1][1] if _appended(queue, save) else caller_of(queue)
     if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
+        error = _own_failure(caller, save, process_of(caller), "during the preload handshake",
+                             exitcode=wait.exitcode)
+        forget_caller(queue, caller)
         if _appended(queue, save):
             queue.async_calls.pop()
-        raise _fail(queue, caller, save, "during the preload handshake",
-                    exitcode=wait.exitcode)
+        return _scheduled_failed(queue, caller, save, request, error)
     _state(caller).outstanding.append(save)
     return result
+
+
+def _reporting(request):
+    """``request`` with its functions run by ``_worker.reporting`` in the worker (their
+    traceback reaches the trainer's error); unchanged where it has none."""
+    changes = {name: partial(_worker.reporting, getattr(request, name))
+               for name in ("async_fn", "preload_fn") if getattr(request, name, None)}
+    return request._replace(**changes) if changes else request
+
+
+def _scheduled_failed(queue, caller, save, request, error, log=True):
+    """Count ``save`` as scheduled (as the other ranks do) but failed: its finalize raises."""
+    core = sys.modules[type(queue).__module__]
+    queue.call_idx = save
+    queue.async_calls.append(core._ActiveAsyncRequest(save, caller, request))
+    state = _state(caller)
+    state.outstanding.append(save)
+    state.failed[save] = error
+    if log:
+        logger.error("%s (raised by the finalize of this save)", str(error).splitlines()[0])
+    return save
 
 
 def _appended(queue, save):
@@ -196,33 +233,56 @@ def _appended(queue, save):
 
 
 def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
-    """Around ``AsyncCallsQueue.maybe_finalize_async_calls``: drop failed saves; once the
-    saves before a failure kept from the handshake are finalized, send it through the
-    finalize all-reduce (where the other ranks wait on that save) and raise."""
+    """Around ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped, the
+    saves behind it are finalized as NVRx would, then one error names what was not saved."""
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
-    pending, calls, later = _failed.get(queue), queue.async_calls, []
-    first = pending[0].save if pending else None
-    while pending and calls and calls[-1][0] > first:  # saves after the failed one wait
-        later.append(calls.pop())
-    try:
-        result = wrapped(*args, **kwargs)  # finalizes (at most) the saves before the failure
-    except CheckpointWorkerError as error:
-        if calls and calls[0][0] == error.save:
+    calls, finalized, failures = queue.async_calls, [], []
+    while True:
+        try:
+            finalized += wrapped(*args, **kwargs)
+            break
+        except CheckpointWorkerError as error:
+            if not (calls and calls[0][0] == error.save):
+                _note(error, failures, finalized)
+                raise
             _, caller, _ = calls.popleft()  # never finalized
-            if error.worker_pid is not None:  # this rank's worker: start afresh next time
+            failures.append(error)
+            state = _callers.get(caller)
+            if state is not None and state.death is not None:  # the next save starts afresh
                 forget_caller(queue, caller)
-                if flags(wrapped, args, kwargs, "no_dist")[0]:  # the others must learn too
-                    _failed.setdefault(queue, []).append(error)
-        raise
-    finally:
-        calls.extend(reversed(later))
-    if pending and not (calls and calls[0][0] < first):
-        if not flags(wrapped, args, kwargs, "no_dist")[0]:  # else: the next collective one
-            error = pending.pop(0)
-            _, error.failed_ranks = _collective(error.save, alive=False, failed=True)
-            raise error
-    return result
+        except BaseException as other:
+            _note(other, failures, finalized)
+            raise
+    if failures:
+        raise _summary(failures, finalized)
+    return finalized
+
+
+def _summary(failures, finalized):
+    """The first failure, naming every save this finalize did not save and those it did."""
+    error = failures[0]
+    error.lost_saves = tuple(e.save for e in failures)
+    error.finalized = tuple(finalized)
+    error.failed_ranks = tuple(sorted({r for e in failures for r in e.failed_ranks}))
+    extra = [f"Not saved either: save #{e.save}: {str(e).splitlines()[0]}" for e in failures[1:]]
+    if finalized:
+        extra.append("Finalized by the same call: " + ", ".join(f"save #{i}" for i in finalized))
+    if extra:
+        error.args = ("\n".join([str(error), *extra]),)
+    return error
+
+
+def _note(exc, failures, finalized):
+    """Another exception ends a finalize that had dropped failed saves: say which."""
+    if not failures:
+        return
+    lost = ", ".join(f"#{e.save}" for e in failures)
+    text = (f"nvrx_ipc_fix: before this error, the same finalize dropped save(s) {lost}: their "
+            f"checkpoint worker failed and they were not saved ({failures[0]})")
+    logger.error(text.splitlines()[0])
+    if hasattr(exc, "add_note"):
+        exc.add_note(text)
 
 
 def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
@@ -232,29 +292,42 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
     state = _state(caller)
     save = state.outstanding[0] if state.outstanding else None
-    error = None
-    if caller.cur_item is None and process_of(caller) is not None:
-        caller.cur_item, error = _completion(caller, save, blocking)
-    alive = caller.cur_item is None and process_of(caller) is not None and error is None
+    error = state.failed.get(save)
+    if error is None and caller.cur_item is None:
+        if state.death is not None:  # the worker is gone: what it completed is all there is
+            if save in state.completed:
+                caller.cur_item = save
+            else:
+                error = _lost(save, state.death)
+        elif process_of(caller) is not None:
+            caller.cur_item, error = _completion(caller, save, blocking)
+    alive = (caller.cur_item is None and error is None and state.death is None
+             and process_of(caller) is not None)
     if no_dist:
         if error is not None:
+            _consume(caller, state, save)
             raise error
         done = not alive
     else:
         total, failed_ranks = _collective(save, alive, error is not None)
         if failed_ranks or total >= FAILED or total < 0:
-            caller.cur_item = None
-            if state.outstanding:
-                state.outstanding.popleft()
+            _consume(caller, state, save)
             error = error or _peer_error(save, failed_ranks)
             error.failed_ranks = failed_ranks
             raise error
         done = total == 0
     if done:
-        caller.cur_item = None
-        if state.outstanding:
-            state.outstanding.popleft()
+        _consume(caller, state, save)
     return done
+
+
+def _consume(caller, state, save):
+    """The front save is done with, one way or the other."""
+    caller.cur_item = None
+    if state.outstanding:
+        state.outstanding.popleft()
+    state.failed.pop(save, None)
+    state.completed.discard(save)
 
 
 def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
@@ -283,31 +356,11 @@ def worker_loop_wrapper(wrapped, instance, args, kwargs):
     try:
         return wrapped(*args, **kwargs)
     except Exception:
-        try:
-            path = traceback_path(os.getpid())
-            with open(path, "w", encoding="utf-8") as out:
-                out.write(traceback.format_exc()[-16000:])
-        except Exception:
-            pass
+        _worker.leave_traceback()
         raise
 
 
 # -- failure handling -------------------------------------------------------------------------
-
-def _fail(queue, caller, save, when, exitcode=None, cause=None):
-    """This rank could not hand ``save`` to its worker: build the error and keep it for the
-    finalize; a dead worker is let go, so the next save starts afresh. Returns the error."""
-    process = _monitor.started_process(process_of(caller))
-    if cause is None:
-        error = _own_failure(caller, save, process, when, exitcode)
-        forget_caller(queue, caller)
-    else:
-        error = CheckpointWorkerError(
-            f"rank {_monitor.rank()}: save #{save} failed {when}: {type(cause).__name__}: "
-            f"{cause}. The save was not finalized.", rank=_monitor.rank(), save=save)
-    _failed.setdefault(queue, []).append(error)
-    return error
-
 
 def _peer_error(save, failed_ranks):
     who = ", ".join(map(str, failed_ranks)) or "another rank"
@@ -317,10 +370,37 @@ def _peer_error(save, failed_ranks):
         rank=_monitor.rank(), save=save)
 
 
+def _lost(save, death):
+    """The error of ``save``, which the worker that died (``death``) never completed."""
+    return _worker_error(save, death.pid, death.exitcode, "before it completed this save",
+                         death.worker_traceback)
+
+
+def _worker_error(save, pid, exitcode, when, worker_traceback):
+    return CheckpointWorkerError(
+        f"rank {_monitor.rank()}: save #{save} failed: the checkpoint worker (pid {pid}) died "
+        f"{when} ({describe_exit(exitcode)}). The save was not finalized; the next save "
+        "starts a fresh worker and sends full tensors."
+        + (f"\nThe worker's traceback:\n{worker_traceback}" if worker_traceback else
+           "\nThe worker's own output, if any, is on this rank's stderr."),
+        rank=_monitor.rank(), save=save, worker_pid=pid, exitcode=exitcode,
+        worker_traceback=worker_traceback)
+
+
 def abandon(caller):
-    """Let a dead worker go: close its queues (no feeder thread may hold up the exit),
-    reap it, and clear what the trainer believed it cached."""
+    """Let a dead worker go: keep the completions it sent, close its queues (no feeder
+    thread may hold up the exit, nor their semaphores outlive them), reap it, and clear
+    what the trainer believed it cached."""
     process = process_of(caller)
+    comp_q = queues_of(caller)[2]
+    completed = _callers[caller].completed if caller in _callers else set()
+    while comp_q is not None:
+        try:
+            item = comp_q.get_nowait()
+        except (Empty, OSError, ValueError, EOFError):
+            break
+        if isinstance(item, int) and item != SENTINEL:
+            completed.add(item)
     for q in queues_of(caller):
         if q is not None:
             try:
@@ -354,9 +434,9 @@ def forget_caller(queue, caller):
     """The queue starts a fresh caller (and worker) at its next save."""
     if "persistent_caller" in vars(queue) and queue.persistent_caller is caller:
         queue.persistent_caller = None
-    cls = type(queue)
-    if vars(cls).get("_persistent_caller") is caller:  # megatron-core: one per process
-        cls._persistent_caller = None
+    for cls in type(queue).__mro__:  # megatron-core: one caller per process, on the class
+        if vars(cls).get("_persistent_caller") is caller:
+            cls._persistent_caller = None
 
 
 def _completion(caller, save, blocking):
@@ -376,12 +456,14 @@ def _completion(caller, save, blocking):
                 continue  # not this save's
             return item
 
+    def died():
+        item = take(0)  # sent just before it died?
+        return (item, None) if item is not None else (None, _own_failure(caller, save, process))
+
     item = take(0)
     if item is not None or not blocking:
         if item is None and _dead(process):
-            item = take(0)  # sent just before it died?
-            if item is None:
-                return None, _own_failure(caller, save, process)
+            return died()
         return item, None
     with _monitor.watching(f"the finalize of save #{save} (waiting for the worker)",
                            lambda: process):
@@ -390,28 +472,19 @@ def _completion(caller, save, blocking):
             if item is not None:
                 return item, None
             if _dead(process):
-                item = take(0)
-                return (item, None) if item is not None else (
-                    None, _own_failure(caller, save, process))
+                return died()
 
 
 def _own_failure(caller, save, process, when="while writing it", exitcode=None):
-    """The error for this rank's dead worker; the worker is let go."""
+    """The error for this rank's dead worker, kept as its caller's ``death``; the worker is
+    let go (``abandon``)."""
     pid = getattr(process, "pid", None)
     if exitcode is None and process is not None:
         exitcode = _monitor.exitcode(process, settle=0.5)
-    worker_traceback = read_traceback(pid)
-    error = CheckpointWorkerError(
-        f"rank {_monitor.rank()}: save #{save} failed: the checkpoint worker (pid {pid}) died "
-        f"{when} ({describe_exit(exitcode)}). The save was not finalized; the next save "
-        "starts a fresh worker and sends full tensors."
-        + (f"\nThe worker's traceback:\n{worker_traceback}" if worker_traceback else
-           "\nThe worker's own output, if any, is on this rank's stderr."),
-        rank=_monitor.rank(), save=save, worker_pid=pid, exitcode=exitcode,
-        worker_traceback=worker_traceback)
-    _callers.pop(caller, None)
+    death = _Death(save, pid, exitcode, _worker.read_traceback(pid))
+    _state(caller).death = death
     abandon(caller)
-    return error
+    return _worker_error(save, pid, exitcode, when, death.worker_traceback)
 
 
 def _collective(save, alive, failed):
@@ -461,7 +534,6 @@ def _release_join(joinable):
         cond.release()
 
 
-
 def describe_exit(code):
     """multiprocessing's exit code in words."""
     if code is None or code == -1:
@@ -474,21 +546,3 @@ def describe_exit(code):
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}" + (": an uncaught exception" if code == 1 else "")
-
-
-def traceback_path(pid):
-    return os.path.join(tempfile.gettempdir(), TRACEBACK_FILE.format(uid=os.getuid(), pid=pid))
-
-
-def read_traceback(pid):
-    """The traceback the worker ``pid`` left (and remove the file), or None."""
-    if pid is None:
-        return None
-    path = traceback_path(pid)
-    try:
-        with open(path, encoding="utf-8") as found:
-            text = found.read()
-        os.unlink(path)
-        return text.strip() or None
-    except OSError:
-        return None

@@ -15,14 +15,21 @@ queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 took to start), ``offloading-restart`` (offload, measure and onload inside
 ``nvrx_ipc_fix.offloading(strategy="restart")``), ``kill-worker`` (SIGKILL the worker that
 would take the next save), ``probe`` (ask the worker
-what it holds: its pid, cached keys and mapped shared-memory segments), and
+what it holds: its pid, cached keys and mapped shared-memory segments), ``resources``
+(what this process holds: file descriptors, threads, semaphores), and
 ``fault-<kind>`` or ``fault-<kind>@<rank>`` (a save whose worker fails as
 ``nvrx_ipc_fix.faults.KINDS`` says, on every rank or only on ``<rank>``; the others save
 normally; the exception each rank saw is reported, and a rank whose save could not be
 handed over then finalizes, as a training loop does, so the failure reaches the others),
-``finalize`` (a blocking finalize of pending saves) and ``sleep<seconds>``. Any step
-but a fault, written ``<step>@<rank>``, runs on that rank only.
+``fault-<kind>-async`` (the same save, left pending), ``finalize`` (finalize pending
+saves) and ``sleep<seconds>``. Any step but a fault, written ``<step>@<rank>``, runs on
+that rank only. A fault step, and a ``finalize`` step that raises, reports what was raised,
+by which call, which saves the error names as not saved, what is still pending after
+it, and what one more finalize then raises (nothing, by the protocol).
 ``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue`` (persistent worker) instead.
+``--finalize poll`` finalizes as a training loop does (``blocking=False`` every 50 ms until
+nothing is pending) instead of one ``blocking=True`` call; ``--no-dist`` passes
+``no_dist=True``.
 
 A watchdog turns a step into a reported hang when it has not finished within
 ``--timeout`` seconds, or a few seconds after the worker it waits for has died (NVRx would
@@ -79,7 +86,7 @@ class Trainer:
     """One rank: a state dict of ``n_tensors`` tensors and an NVRx queue."""
 
     def __init__(self, directory, n_tensors=8, numel=4096, cached=True, rank=0, world_size=1,
-                 impl="nvrx"):
+                 impl="nvrx", finalize="blocking", no_dist=False):
         import importlib
 
         core = self.core = importlib.import_module(IMPLS[impl])
@@ -103,12 +110,17 @@ class Trainer:
         self.queue = core.AsyncCallsQueue(**_kwargs_accepted(
             core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
         self.rank, self.impl = rank, impl
+        if finalize not in ("blocking", "poll"):
+            raise ValueError(f"finalize must be 'blocking' or 'poll', not {finalize!r}")
+        self.poll, self.no_dist = finalize == "poll", no_dist
+        self.finalize_calls = 0  # maybe_finalize_async_calls calls so far
         if impl == "mcore":
             self.warm_up()
         elif not self.cuda:
             fakecuda.mark_queue(self.queue)
         self.phase = None  # "schedule" or "finalize" while a save runs
         self.workers = [None, None]  # pids of the worker before and after the last schedule
+        self.call_idx = {}  # the queue's call_idx of each save -> its version
         self.state = {}
         self.replace()
         self.version = 0
@@ -205,15 +217,29 @@ class Trainer:
         self.workers = [getattr(before, "pid", None), None]  # before and after the schedule
         self.queue.schedule_async_request(
             self.core.AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn))
+        self.call_idx[self.queue.call_idx] = self.version
         blocked = time.perf_counter() - start
         self.workers[1] = getattr(self.worker(), "pid", None)
         if not wait:
             self.pending.append((path, self.version))
             return blocked, None, path, self.version
-        self.phase = "finalize"
-        self.queue.maybe_finalize_async_calls(blocking=True)
-        self.phase = None
+        self.finalize()
         return blocked, time.perf_counter() - start, path, self.version
+
+    def finalize(self):
+        """Finalize every pending save: one blocking call, or (``poll``) a training loop's
+        non-blocking call every 50 ms until none is pending."""
+        self.phase = "finalize"
+        if self.poll:
+            while self.queue.get_num_unfinalized_calls():
+                self.finalize_calls += 1
+                self.queue.maybe_finalize_async_calls(blocking=False, no_dist=self.no_dist)
+                if self.queue.get_num_unfinalized_calls():
+                    time.sleep(0.05)
+        else:
+            self.finalize_calls += 1
+            self.queue.maybe_finalize_async_calls(blocking=True, no_dist=self.no_dist)
+        self.phase = None
 
     def _inject(self, fault, path, save_fn, preload_fn):
         """The request's functions with ``fault`` put in (see ``faults.KINDS``)."""
@@ -288,15 +314,16 @@ EXTRA_STEPS = {}
 
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
-        world_size=1, impl="nvrx"):
+        world_size=1, impl="nvrx", finalize="blocking", no_dist=False):
     """Run ``steps``; return the report (a JSON-ready dict)."""
     status = nvrx_ipc_fix.status()
     report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
               "nvrx": status.nvrx_version, "source": status.source, "fix": _fix_states(),
-              "steps": list(steps), "rank": rank, "impl": impl, "saves": [], "hang": None,
-              "log": []}
+              "steps": list(steps), "rank": rank, "impl": impl, "finalize": finalize,
+              "no_dist": no_dist, "saves": [], "hang": None, "log": []}
     _capture_log(report["log"])
-    trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl)
+    trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
+                      no_dist)
     watchdog = _Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
         name, _, only = step.partition("@")
@@ -315,7 +342,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
         if not trainer.queue.get_num_unfinalized_calls():  # verify what is finalized
             checked = []
             for save in report["saves"]:
-                if save["stale"] is None:
+                if save["stale"] is None and not save.get("lost"):
                     save["stale"] = trainer.stale_tensors(save["path"], save["version"])
                     checked.append(save["path"])
             if checked and world_size > 1:
@@ -346,14 +373,13 @@ def _step(trainer, report, index, step, n_tensors, rank):
                                 "worker_before": trainer.workers[0],
                                 "worker": trainer.workers[1]})
     elif step.startswith("fault-"):
-        outcome, saved = _fault(trainer, index, step, rank)
-        report.setdefault("faults", []).append(outcome)
-        if saved:  # the save went through (a stall, or another rank's fault that did not
-            report["saves"].append(dict(saved, tensors=n_tensors))  # reach this one)
+        report.setdefault("faults", []).append(_fault(trainer, report, index, step, rank))
+    elif step == "finalize":
+        outcome = _finalize_step(trainer, report, index)
+        if outcome["error"] is not None:
+            report.setdefault("faults", []).append(outcome)
     elif step in ("replace", "offload", "onload"):
         getattr(trainer, step)()
-    elif step == "finalize":
-        trainer.queue.maybe_finalize_async_calls(blocking=True)
     elif step.startswith("sleep"):
         time.sleep(float(step[len("sleep"):]))
     elif step == "measure":
@@ -377,6 +403,8 @@ def _step(trainer, report, index, step, n_tensors, rank):
         report.setdefault("prewarms", []).append(dict(started, **_started(trainer)))
     elif step == "ready":
         report.setdefault("ready", []).append(_ready(trainer))
+    elif step == "resources":
+        report.setdefault("resources", []).append(resources())
     elif step == "kill-worker":
         trainer.kill_worker()
     elif step == "probe":
@@ -385,6 +413,23 @@ def _step(trainer, report, index, step, n_tensors, rank):
         EXTRA_STEPS[step](trainer)
     else:
         raise ValueError(f"unknown step {step!r}")
+
+
+def resources():
+    """What this process holds that a dead worker could leak: open file descriptors,
+    threads, POSIX semaphores mapped (``/proc/self/maps``; None without it), and the
+    semaphore files in ``/dev/shm`` (every process's)."""
+    gc.collect()
+    try:
+        with open("/proc/self/maps") as maps:
+            semaphores = len({line.split()[-1] for line in maps if "/dev/shm/sem." in line})
+    except OSError:
+        semaphores = None
+    shm = [n for n in os.listdir("/dev/shm") if n.startswith("sem.")] if os.path.isdir(
+        "/dev/shm") else []
+    return {"fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None,
+            "threads": threading.active_count(), "semaphores": semaphores,
+            "shm_semaphores": len(shm)}
 
 
 def checkpoint_workers():
@@ -415,37 +460,73 @@ def _ready(trainer):
             "ready_s": None if start.ready_s is None else round(start.ready_s, 3)}
 
 
-def _fault(trainer, index, step, rank):
-    """One ``fault-<kind>[@<rank>]`` step: a save whose worker fails on the chosen ranks."""
+def _fault(trainer, report, index, step, rank):
+    """One ``fault-<kind>[-async][@<rank>]`` step: a save whose worker fails on the chosen
+    ranks (the others save normally); ``-async`` leaves it pending for a later step."""
     kind, _, only = step[len("fault-"):].partition("@")
+    kind, wait = (kind[:-len("-async")], False) if kind.endswith("-async") else (kind, True)
     mine = not only or int(only) == rank
-    outcome = {"step": index, "fault": kind, "faulted": mine, "error": None, "raised_in": None,
-               "after_s": None, "finalize_error": None}
-    start, saved = time.monotonic(), None
+    outcome = _outcome(index, kind, mine)
+    start, version = time.monotonic(), trainer.version + 1
+    path = os.path.join(trainer.directory, f"ckpt{version}")
+    report["saves"].append({"step": index, "path": path, "version": version, "stale": None,
+                            "tensors": len(trainer.names), "fault": kind if mine else None})
     try:
-        blocked, total, path, version = trainer.save(fault=kind if mine else None)
-        saved = {"step": index, "blocked_s": round(blocked, 4), "total_s": round(total, 4),
-                 "path": path, "version": version, "stale": None}
+        blocked, total, _, _ = trainer.save(wait=wait, fault=kind if mine else None)
+        report["saves"][-1].update(blocked_s=round(blocked, 4), total_s=total and round(total, 4))
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException
-        if HUNG.is_set():
-            raise
-        outcome.update(error=_describe(exc), raised_in=trainer.phase,
-                       after_s=round(time.monotonic() - start, 2))
-        if trainer.phase == "schedule":  # not handed over: the next finalize tells the others
-            try:
-                trainer.queue.maybe_finalize_async_calls(blocking=True)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as again:
-                outcome["finalize_error"] = _describe(again)
+        _raised(trainer, report, outcome, exc, start)
+        if not outcome["lost"]:  # NVRx's own error (a failed write): this save is not saved
+            report["saves"][-1]["lost"] = True
     trainer.phase = None
-    return outcome, saved
+    return outcome
+
+
+def _finalize_step(trainer, report, index):
+    """A ``finalize`` step: what it raised, if anything (see ``_raised``)."""
+    outcome, start = _outcome(index, None, None), time.monotonic()
+    try:
+        trainer.finalize()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        _raised(trainer, report, outcome, exc, start)
+    trainer.phase = None
+    return outcome
+
+
+def _outcome(index, kind, mine):
+    return {"step": index, "fault": kind, "faulted": mine, "error": None, "raised_in": None,
+            "after_s": None, "lost": [], "pending_after": None, "again": None}
+
+
+def _raised(trainer, report, outcome, exc, start):
+    """Record ``exc`` and the saves it names as not saved (never loaded then); then
+    finalize once more, as a training loop's next call would: that must raise nothing."""
+    if HUNG.is_set():
+        raise exc
+    outcome.update(error=_describe(exc), raised_in=trainer.phase,
+                   after_s=round(time.monotonic() - start, 2),
+                   finalize_calls=trainer.finalize_calls)
+    lost = [trainer.call_idx.get(i) for i in getattr(exc, "lost_saves", ()) or ()]
+    for save in report["saves"]:
+        if save["version"] in lost:
+            save["lost"] = True
+    outcome["lost"] = lost
+    outcome["pending_after"] = trainer.queue.get_num_unfinalized_calls()
+    try:
+        trainer.finalize()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as again:
+        outcome["again"] = _describe(again)
 
 
 def _describe(exc):
     return {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:400],
+            "text": str(exc)[-2000:],
             "worker_traceback": bool(getattr(exc, "worker_traceback", None)),
             "failed_ranks": list(getattr(exc, "failed_ranks", ()) or ())}
 
@@ -530,10 +611,14 @@ def main(argv=None):
                         help="use_cached_data_structure=False (the reference)")
     parser.add_argument("--impl", choices=tuple(IMPLS), default="nvrx",
                         help="whose persistent worker: NVRx's or megatron-core's")
+    parser.add_argument("--finalize", choices=("blocking", "poll"), default="blocking",
+                        help="one blocking finalize, or a training loop's non-blocking polls")
+    parser.add_argument("--no-dist", action="store_true", help="finalize with no_dist=True")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-") as scratch:
         report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
-                     args.numel, not args.no_cache, args.rank, args.world_size, args.impl)
+                     args.numel, not args.no_cache, args.rank, args.world_size, args.impl,
+                     args.finalize, args.no_dist)
     print(json.dumps(report), flush=True)
     return 0
 
