@@ -20,7 +20,7 @@ both with ``NVRX_IPC_FIX_PREWARM=start``: their ``ready`` steps wait for the pre
 standing in for the training between the job's start (or the onload) and the save, and report
 how long it took to start. The first save of the other scenarios starts the worker itself.
 ``--case LABEL=STEPS`` runs any scenario steps (worker faults, a rank that releases
-alone: ``<step>@<rank>``). ``--overhead N`` times N ordinary saves, 0.5 s apart as a
+alone: ``<step>@<rank>``), finalized as ``--finalize`` and ``--no-dist`` say. ``--overhead N`` times N ordinary saves, 0.5 s apart as a
 training loop's would be, in each of ``OVERHEAD``'s variants (each size, separate
 processes, ``--rounds`` times in turn). ``--ranks N`` runs N ranks (one GPU each) per case, started by this
 script (``--launcher spawn``, a shared file for the rendezvous) or by ``torchrun``.
@@ -121,7 +121,8 @@ def child(spec):
     with tempfile.TemporaryDirectory(prefix="nvrx-bench-", dir=spec.get("dir")) as directory:
         report = scenario.run(spec["steps"], spec.get("shared") or directory, spec["timeout"],
                               spec["tensors"], spec["numel"], spec["cached"], spec["rank"],
-                              spec["ranks"])
+                              spec["ranks"], finalize=spec.get("finalize", "blocking"),
+                              no_dist=spec.get("no_dist", False))
     report.update({k: spec[k] for k in ("case", "size", "scenario", "cycles") if k in spec})
     if "auto_release_s" in spec:
         report["auto_release_s"] = spec["auto_release_s"]
@@ -212,6 +213,10 @@ def main():
     parser.add_argument("--case", action="append", default=[], metavar="LABEL=STEPS",
                         help="also run these scenario steps (comma list; faults, <step>@<rank>), "
                              "at the first size, with the package")
+    parser.add_argument("--finalize", choices=("blocking", "poll"), default="blocking",
+                        help="the --case runs: one blocking finalize per save, or a training "
+                             "loop's non-blocking polls")
+    parser.add_argument("--no-dist", action="store_true", help="the --case runs: no_dist=True")
     parser.add_argument("--timeout", type=float, default=120.0, help="per save")
     args = parser.parse_args()
     if args.child:
@@ -249,7 +254,8 @@ def main():
         tensors, numel = SIZES[size]
         record(run_case({"case": f"{size}/{label}", "size": size, "scenario": label,
                          "steps": steps.split(","), "tensors": tensors, "numel": numel,
-                         "cached": True, "timeout": args.timeout}, "", args.ranks,
+                         "cached": True, "timeout": args.timeout, "finalize": args.finalize,
+                         "no_dist": args.no_dist}, "", args.ranks,
                         args.timeout * 6 + 300, args.launcher))
     for size in args.sizes.split(",") if args.overhead else ():
         tensors, numel = SIZES[size]

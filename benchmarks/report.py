@@ -99,6 +99,33 @@ def faults_table(rows):
     return "\n".join(out)
 
 
+def recovery_table(rows):
+    """Worker faults under the recovery protocol (reports that name their finalize mode):
+    per fault, what the rank raised and when, whether the next finalize raised it again, the
+    saves the error named, and the next save (blocked, total, stale tensors on load)."""
+    out = ["| NVRx | case | finalize | fault | error | raised in | after | raised again | "
+           "saves named not saved | next save blocks / total | next save stale | hang |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in rows if r.get("device") == "cuda" and "finalize" in r
+                     and r.get("faults")), key=lambda r: (r["nvrx"], r.get("case", ""),
+                                                          r["finalize"], r["rank"])):
+        for fault in r["faults"]:
+            error = fault.get("error") or {}
+            after = next((s for s in r["saves"] if s["step"] > fault["step"]
+                          and not s.get("lost")), {})
+            times = (f"{after['blocked_s']:.3f} / {after['total_s']:.3f} s"
+                     if after.get("total_s") is not None else "")
+            took = "" if fault.get("after_s") is None else f"{fault['after_s']:.2f} s"
+            out.append(f"| {r['nvrx']} | {r.get('case')} | {r['finalize']}"
+                       f"{', no_dist' if r.get('no_dist') else ''} | {fault['fault']} | "
+                       f"{error.get('type', 'none')} | {fault.get('raised_in') or ''} | "
+                       f"{took} | "
+                       f"{(fault.get('again') or {}).get('type', 'no')} | "
+                       f"{len(fault.get('lost') or [])} | {times} | {after.get('stale', '')} | "
+                       f"{'**yes**' if r.get('hang') else 'no'} |")
+    return "\n".join(out)
+
+
 def prewarm_table(rows, size):
     """Per case, over all its cycles: worker processes and device memory during the inference
     phase (the ``measure`` after each offload), a warm save, the saves after the onloads, the
@@ -199,6 +226,7 @@ def main():
     for size in sorted({r.get("size") for r in rows if r.get("scenario") in PREWARM} - {None}):
         print(f"### prewarm, {size}\n\n{prewarm_table(rows, size)}\n")
     print(f"### faults and collective misuse\n\n{faults_table(rows)}\n")
+    print(f"### recovery after a worker failure\n\n{recovery_table(rows)}\n")
     print(f"### overhead\n\n{overhead_table(rows)}\n")
     if args.chart:
         chart(rows, args.chart)

@@ -16,7 +16,8 @@ import textwrap
 
 import pytest
 
-from conftest import MCORE, NVRX, PTH, _env, expect, needs_nvrx, run_process, scenario
+from conftest import (MCORE, NVRX, PTH, _env, expect, needs_nvrx, run_process, run_python,
+                      scenario)
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -153,6 +154,48 @@ def test_saves_in_flight_behind_a_failed_one_are_named_not_silently_dropped(mode
     assert loaded(report) == [0, 0, 0, 0]
 
 
+def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_next_loads():
+    """An interrupt (Ctrl-C) while a save waits for its preload handshake: the interrupt
+    comes through at once; the save is kept as failed, so its finalize still tells the
+    other ranks; it raises once, names it, and the next save is loaded back."""
+    result = run_python("""
+        import json, tempfile
+        from nvrx_ipc_fix import scenario
+        t = scenario.Trainer(tempfile.mkdtemp(), 4, 256)
+        t.save()
+        caller = t.queue.persistent_caller
+        join = caller.preload_q.join
+        def interrupted():
+            join()  # the worker has taken the preload: the request is out
+            raise KeyboardInterrupt
+        caller.preload_q.join = interrupted
+        out = {}
+        try:
+            t.save(wait=False)
+        except KeyboardInterrupt:
+            out["interrupted"] = True
+        caller.preload_q.join = join
+        out["pending"] = t.queue.get_num_unfinalized_calls()
+        try:
+            t.queue.maybe_finalize_async_calls(blocking=True)
+        except Exception as exc:
+            out["error"] = [type(exc).__name__, list(exc.lost_saves), str(exc)]
+        out["again"] = t.queue.maybe_finalize_async_calls(blocking=True)
+        _, _, path, version = t.save()
+        out["stale"] = t.stale_tensors(path, version)
+        out["same_worker"] = t.queue.persistent_caller is caller
+        t.close()
+        print(json.dumps(out))
+    """, timeout=180)
+    assert result["interrupted"] and result["pending"] == 1, result
+    kind, lost, text = result["error"]
+    assert kind == "CheckpointWorkerError" and lost == [1], result
+    assert "while it was being scheduled (KeyboardInterrupt" in text
+    assert result["again"] == [] and result["stale"] == 0
+    assert result["same_worker"]  # it was alive: kept
+
+
+@pytest.mark.soak
 def test_fifty_failures_and_recoveries_leak_no_descriptors_semaphores_or_threads():
     """Each dead worker's queues (19 POSIX semaphores, pipes) and process are let go: 50
     failures leave what one left."""
@@ -179,8 +222,8 @@ def two_ranks(tmp_path, steps, fix=True, timeout=20, impl="nvrx", finalize="bloc
     return reports
 
 
-@pytest.mark.parametrize("finalize", ["blocking", "poll"])
-@pytest.mark.parametrize("kind", ["kill", "preload", "idle"])
+@pytest.mark.parametrize("kind, finalize", [("kill", "blocking"), ("kill", "poll"),
+                                            ("preload", "blocking"), ("idle", "poll")])
 def test_two_ranks_a_fault_on_rank_0_then_on_rank_1_every_rank_raises_once_then_saves(
         tmp_path, kind, finalize):
     reports = two_ranks(tmp_path, f"save,fault-{kind}@0,save,fault-{kind}@1,save",

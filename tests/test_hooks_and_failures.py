@@ -7,7 +7,9 @@ Hook tests use a throw-away module on ``sys.path``; failure tests break our own 
 import json
 import sys
 
-from conftest import needs_cache, run_process, run_python
+import pytest
+
+from conftest import needs_cache, needs_nvrx, run_process, run_python
 
 
 def test_import_imports_neither_torch_nor_nvrx_nor_wrapt(tmp_path):
@@ -110,3 +112,28 @@ def test_unknown_shape_is_left_unpatched_with_the_reason():
     """)
     assert result["state"] == "unsupported" and result["untouched"]
     assert "('self', 'force')" in result["reason"]
+
+
+@needs_nvrx
+@pytest.mark.parametrize("change, state", [
+    ("core.PersistentAsyncWorkerError = type('PersistentAsyncWorkerError', (RuntimeError,), {})",
+     "fixed_upstream"),  # Megatron-LM PR #6971's error, in a release that has it
+    ("del core._ActiveAsyncRequest", "unsupported"),  # nowhere to keep a failed save
+])
+def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change, state):
+    result = run_python(f"""
+        import json, os
+        os.environ["NVRX_IPC_FIX_DISABLE"] = "1"
+        import nvrx_ipc_fix
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+        schedule = core.AsyncCallsQueue.__dict__["schedule_async_request"]
+        {change}
+        os.environ["NVRX_IPC_FIX_DISABLE"] = "prewarm"  # it wraps schedule_async_request too
+        nvrx_ipc_fix.activate()
+        fix = {{f.name: f for f in nvrx_ipc_fix.status().fixes}}["worker_watch"]
+        print(json.dumps({{"state": str(fix.state), "reason": fix.reason,
+                          "untouched": core.AsyncCallsQueue.__dict__["schedule_async_request"]
+                                       is schedule}}))
+    """)
+    assert result["state"] == state and result["untouched"], result
+    assert ("PR #6971" if state == "fixed_upstream" else "_ActiveAsyncRequest") in result["reason"]

@@ -89,11 +89,23 @@ def persistent_worker(module):
     caller = getattr(module, "PersistentAsyncCaller", None)
     if caller is None or not hasattr(module, "AsyncCallsQueue"):
         return "not_applicable", "this version has no persistent checkpoint worker"
+    if _upstream_error(module):  # Megatron-LM PR #6971
+        return "fixed_upstream", ("this version raises its own PersistentAsyncWorkerError for "
+                                  "a dead worker (Megatron-LM PR #6971)")
     from ._worker_watch import queue_names
 
     if queue_names(caller) is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
-    return "active", "a dead persistent worker ends every wait with an error; stalls are logged"
+    if not hasattr(module, "_ActiveAsyncRequest"):
+        return "unsupported", "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize"
+    return "active", ("a dead persistent worker is one error per rank, raised by the finalize of "
+                      "the failed save; stalls are logged")
+
+
+def _upstream_error(module):
+    """Does ``module`` define its own ``PersistentAsyncWorkerError`` (not this package's)?"""
+    found = vars(module).get("PersistentAsyncWorkerError")
+    return found is not None and getattr(found, "__module__", "") != f"{__package__}._errors"
 
 
 def warm_up(module):
@@ -123,10 +135,11 @@ def mcore_persistent_worker(module):
 def worker_loop(module):
     """NVRx core: does the worker call ``async_process_target`` by name, never as the
     process target that NVRx pickles (the code that starts the worker does not name it)?"""
-    if module is None:
-        return None
-    caller = getattr(module, "PersistentAsyncCaller", None)
-    if caller is None or "async_process_target" not in vars(caller):
+    watched = persistent_worker(module)
+    if watched is None or watched[0] != "active":
+        return watched  # the rest of the watch stands aside: so does this part
+    caller = module.PersistentAsyncCaller
+    if "async_process_target" not in vars(caller):
         return "not_applicable", ("no PersistentAsyncCaller.async_process_target: the worker's "
                                   "traceback stays on stderr")
     starters = [vars(caller).get(name) for name in ("_start_worker", "schedule_async_call")]

@@ -192,7 +192,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
                     f"scheduled ({type(exc).__name__}: {exc}). The save was not finalized.",
                     rank=_monitor.rank(), save=save)
-                _scheduled_failed(queue, caller, save, request, error, log=False)
+                _scheduled_failed(queue, caller, save, request, error)
             raise
     caller = queue.async_calls[-1][1] if _appended(queue, save) else caller_of(queue)
     if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
@@ -214,7 +214,7 @@ def _reporting(request):
     return request._replace(**changes) if changes else request
 
 
-def _scheduled_failed(queue, caller, save, request, error, log=True):
+def _scheduled_failed(queue, caller, save, request, error):
     """Count ``save`` as scheduled (as the other ranks do) but failed: its finalize raises."""
     core = sys.modules[type(queue).__module__]
     queue.call_idx = save
@@ -222,8 +222,6 @@ def _scheduled_failed(queue, caller, save, request, error, log=True):
     state = _state(caller)
     state.outstanding.append(save)
     state.failed[save] = error
-    if log:
-        logger.error("%s (raised by the finalize of this save)", str(error).splitlines()[0])
     return save
 
 

@@ -27,6 +27,16 @@ def kill_self(*_args, **_kwargs):
     time.sleep(60)
 
 
+def segfault(*_args, **_kwargs):
+    """SIGSEGV, as a crash in native code (a CUDA driver, say) ends the worker."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(60)
+
+
+def nothing(*_args, **_kwargs):
+    """A request that does nothing (a replacement worker's first task)."""
+
+
 def stop_then(real, *args, **kwargs):
     """SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
     os.kill(os.getpid(), signal.SIGSTOP)
@@ -40,6 +50,7 @@ KINDS = {
     "write": ("path", "the checkpoint's files cannot be written (NVRx reports it)"),
     "exit": ("write", "os._exit(3) while writing"),
     "kill": ("write", "SIGKILL while writing"),
+    "segv": ("write", "SIGSEGV while writing"),
     "idle": ("idle", "SIGKILL while idle, before the save"),
     "stop": ("write", "SIGSTOP while writing, SIGCONT later"),
 }

@@ -251,6 +251,8 @@ class Trainer:
             save_fn = partial(faults.exit_now, 3)
         elif fault == "kill":
             save_fn = faults.kill_self
+        elif fault == "segv":
+            save_fn = faults.segfault
         elif fault == "stop":
             save_fn = partial(faults.stop_then, save_fn)
             threading.Thread(target=self._continue_worker, daemon=True).start()
