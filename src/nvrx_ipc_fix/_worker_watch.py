@@ -169,10 +169,11 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         caller, save = caller_of(queue), queue.call_idx + 1
         request = args[0] if args else kwargs["async_request"]
         process = process_of(caller)
+        entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
         if _dead(process):  # died while idle: sending would only pile up
             error = _own_failure(caller, save, process, "before the save, while idle")
             forget_caller(queue, caller)
-            return _scheduled_failed(queue, caller, save, request, error)
+            return _scheduled_failed(queue, entry(save, caller, request), error)
         args, kwargs = (_reporting(request),), {}
     except Exception as exc:
         hook_failed("AsyncCallsQueue.schedule_async_request", exc)
@@ -186,13 +187,13 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:  # an interrupt, say: the other ranks must still learn
-            if queue.call_idx == save and not _appended(queue, save):
-                caller = caller_of(queue)
+            caller = caller_of(queue)
+            if queue.call_idx == save and not _appended(queue, save) and caller is not None:
                 error = CheckpointWorkerError(
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
                     f"scheduled ({type(exc).__name__}: {exc}). The save was not finalized.",
                     rank=_monitor.rank(), save=save)
-                _scheduled_failed(queue, caller, save, request, error)
+                _scheduled_failed(queue, entry(save, caller, request), error)
             raise
     caller = queue.async_calls[-1][1] if _appended(queue, save) else caller_of(queue)
     if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
@@ -201,7 +202,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         forget_caller(queue, caller)
         if _appended(queue, save):
             queue.async_calls.pop()
-        return _scheduled_failed(queue, caller, save, request, error)
+        return _scheduled_failed(queue, entry(save, caller, request), error)
     _state(caller).outstanding.append(save)
     return result
 
@@ -211,14 +212,15 @@ def _reporting(request):
     traceback reaches the trainer's error); unchanged where it has none."""
     changes = {name: partial(_worker.reporting, getattr(request, name))
                for name in ("async_fn", "preload_fn") if getattr(request, name, None)}
-    return request._replace(**changes) if changes else request
+    return request._replace(**changes) if changes and hasattr(request, "_replace") else request
 
 
-def _scheduled_failed(queue, caller, save, request, error):
-    """Count ``save`` as scheduled (as the other ranks do) but failed: its finalize raises."""
-    core = sys.modules[type(queue).__module__]
+def _scheduled_failed(queue, entry, error):
+    """Count ``entry``'s save as scheduled (as the other ranks do) but failed: its finalize
+    raises ``error``."""
+    save, caller, _ = entry
     queue.call_idx = save
-    queue.async_calls.append(core._ActiveAsyncRequest(save, caller, request))
+    queue.async_calls.append(entry)
     state = _state(caller)
     state.outstanding.append(save)
     state.failed[save] = error
