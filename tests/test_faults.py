@@ -23,7 +23,7 @@ pytestmark = [needs_nvrx, pytest.mark.worker]
 
 BOUND = 5.0  # seconds within which the error must come (detection takes about one)
 HANGS = ["preload", "raise", "exit", "kill", "idle"]  # what NVRx alone never returns from
-ALL = ["preload", "raise", "write", "exit", "kill", "idle", "stop"]
+ALL = ["preload", "raise", "write", "exit", "kill", "idle", "segv", "stop"]
 STALL = {"NVRX_IPC_FIX_STALL_TIMEOUT": "2"}  # fault-stop stops the worker for 6 s
 #: (finalize, no_dist): one blocking finalize or a training loop's polls; NVRx's no_dist
 MODES = [("blocking", False), ("blocking", True), ("poll", False), ("poll", True)]
@@ -111,6 +111,13 @@ def test_a_dead_worker_is_one_error_raised_by_the_finalize_then_the_next_save_lo
     if kind in ("preload", "raise"):  # the worker's own words come along
         assert error["worker_traceback"]
         assert "injected fault in the worker's " in error["text"]
+
+
+def test_with_the_package_a_segfault_in_the_worker_is_one_error_too(every_fault):
+    outcome = next(f for f in every_fault["faults"] if f["fault"] == "segv")
+    assert outcome["error"]["type"] == "CheckpointWorkerError", outcome
+    assert "killed by SIGSEGV" in outcome["error"]["message"]
+    assert outcome["raised_in"] == "finalize" and outcome["again"] is None
 
 
 def test_with_the_package_a_write_failure_is_still_nvrx_s_error(every_fault):
@@ -283,6 +290,41 @@ def test_mcore_worker_faults_are_one_error_each_and_the_next_save_loads(mode):
         assert WORDS[outcome["fault"]] in outcome["error"]["message"]
         if outcome["fault"] in ("preload", "raise"):  # its worker leaves no traceback itself
             assert "injected fault in the worker's " in outcome["error"]["text"]
+
+
+@needs_mcore
+@pytest.mark.mcore
+def test_mcore_a_closed_caller_collected_later_leaves_the_next_worker_alone():
+    """megatron-core keeps its worker and queues on the class. A caller closed earlier and
+    collected only now (its ``__del__`` calls ``close()``) must not take the current worker's
+    queues for its own: when that worker has died, doing so left the handshake of the save
+    that met the death waiting for ever (seen under load, the garbage collector running
+    during the wait)."""
+    result = run_python("""
+        import json, tempfile
+        from nvrx_ipc_fix import scenario
+        t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, cached=False, impl="mcore")
+        core = t.core
+        t.save()
+        closed = core.AsyncCallsQueue._persistent_caller
+        t.queue.close()  # megatron-core's close: its worker stops, its class state is reset
+        t.save()  # a fresh worker and caller
+        worker = core.PersistentAsyncCaller._persistent_process
+        t.kill_worker()
+        closed.close()  # what its __del__ does, whenever the garbage collector collects it
+        out = {"kept": core.PersistentAsyncCaller._persistent_process is worker,
+               "queues": core.PersistentAsyncCaller._persistent_preload_q is not None}
+        try:
+            t.save()  # the current caller's dead worker: one error, from the finalize
+        except Exception as exc:
+            out["error"] = type(exc).__name__
+        _, _, path, version = t.save()
+        out["stale"] = t.stale_tensors(path, version)
+        t.close()
+        print(json.dumps(out))
+    """, timeout=180)
+    assert result == {"kept": True, "queues": True, "error": "CheckpointWorkerError",
+                      "stale": 0}, result
 
 
 @needs_mcore

@@ -80,6 +80,10 @@ class _Death(collections.namedtuple("_Death", "save pid exitcode worker_tracebac
 
 
 _callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the callers at_exit stops
+#: Callers whose worker was let go. megatron-core keeps its worker and queues on the class:
+#: no other caller may reach them through the class (a closed caller's ``__del__`` closes
+#: "its" worker whenever the garbage collector runs).
+_abandoned = weakref.WeakSet()
 _exit_pid = None  # the process that registered at_exit (a forked child must not run it)
 
 
@@ -123,22 +127,23 @@ def caller_of(queue):
 
 
 def process_of(caller):
-    """The caller's worker process, or the class-level one megatron-core warms up."""
-    if caller is None:
+    """The caller's worker process (None for one whose worker was let go)."""
+    if caller is None or caller in _abandoned:
         return None
-    return (getattr(caller, "process", None)
-            or getattr(type(caller), "_persistent_process", None))
+    return getattr(caller, "process", None)
 
 
 def queues_of(caller):
-    """``(request queue, preload queue, completion queue)`` of the caller."""
-    if caller is None:
+    """``(request queue, preload queue, completion queue)`` of the caller (None for a caller
+    whose worker was let go)."""
+    if caller is None or caller in _abandoned:
         return None, None, None
     if hasattr(caller, "preload_q"):
         return caller.queue, caller.preload_q, caller.comp_q
-    return (getattr(caller, "_persistent_queue", None),
-            getattr(caller, "_persistent_preload_q", None),
-            getattr(caller, "_persistent_comp_q", None))
+    cls = type(caller)  # megatron-core: on the class, while its worker is this caller's
+    if caller.process is None or getattr(cls, "_persistent_process", None) is not caller.process:
+        return None, None, None
+    return cls._persistent_queue, cls._persistent_preload_q, cls._persistent_comp_q
 
 
 def queue_names(caller_class):
@@ -420,6 +425,7 @@ def abandon(caller):
 
 def forget_process(caller, process):
     """The caller no longer has a worker (its close does nothing)."""
+    _abandoned.add(caller)
     cls = type(caller)
     if process is not None and getattr(cls, "_persistent_process", None) is process:
         cls._persistent_process = cls._persistent_queue = None  # megatron-core: on the class

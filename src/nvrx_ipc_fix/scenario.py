@@ -359,6 +359,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     report["releases_total"] = nvrx_ipc_fix.status().releases
     report["prewarms_total"] = nvrx_ipc_fix.status().prewarms
     report["prewarm_failures"] = nvrx_ipc_fix.status().prewarm_failures
+    report["pinned_bytes"] = nvrx_ipc_fix.status().pinned_bytes
     watchdog.begin(len(steps))  # the close at the end must not hang either
     trainer.close()
     watchdog.end()
@@ -418,20 +419,15 @@ def _step(trainer, report, index, step, n_tensors, rank):
 
 
 def resources():
-    """What this process holds that a dead worker could leak: open file descriptors,
-    threads, POSIX semaphores mapped (``/proc/self/maps``; None without it), and the
-    semaphore files in ``/dev/shm`` (every process's)."""
+    """What this process holds that a dead worker could leak: open file descriptors, threads,
+    and live ``multiprocessing`` semaphores (each queue has several; each is a named POSIX
+    semaphore until it is collected)."""
+    from multiprocessing.synchronize import SemLock
+
     gc.collect()
-    try:
-        with open("/proc/self/maps") as maps:
-            semaphores = len({line.split()[-1] for line in maps if "/dev/shm/sem." in line})
-    except OSError:
-        semaphores = None
-    shm = [n for n in os.listdir("/dev/shm") if n.startswith("sem.")] if os.path.isdir(
-        "/dev/shm") else []
     return {"fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None,
-            "threads": threading.active_count(), "semaphores": semaphores,
-            "shm_semaphores": len(shm)}
+            "threads": threading.active_count(),
+            "semaphores": sum(isinstance(o, SemLock) for o in gc.get_objects())}
 
 
 def checkpoint_workers():
@@ -457,9 +453,12 @@ def _ready(trainer):
     start = wait_ready(trainer.queue)
     waited = round(time.monotonic() - began, 3)
     if start is None:
-        return {"pid": None, "ready_s": None, "error": None, "waited_s": waited}
+        return {"pid": None, "ready_s": None, "error": None, "waited_s": waited,
+                "pinning": 0, "pinned_bytes": 0, "pin_error": None}
     return {"pid": start.process.pid, "waited_s": waited, "error": start.error,
-            "ready_s": None if start.ready_s is None else round(start.ready_s, 3)}
+            "ready_s": None if start.ready_s is None else round(start.ready_s, 3),
+            "pinning": start.pinning, "pinned_bytes": start.pinned_bytes,
+            "pin_error": start.pin_error}
 
 
 def _fault(trainer, report, index, step, rank):
