@@ -12,9 +12,10 @@ a hang into a reported failure.
 
 Scenarios: ``vanilla`` (no package), ``nemo_rl`` (NeMo RL PR #3322's sequence by hand, no
 package), ``terminate`` / ``flush`` (``nvrx_ipc_fix.release``), ``auto`` (NeMo RL's
-``offload_before_refit``, copied in tests/faithful, with the package releasing on its own),
+``offload_before_refit``, copied in tests/faithful, with the package releasing on its own, ``flush``),
 ``no_cache`` (``use_cached_data_structure=False``, no package: the reference); ``restart``
-(``release(strategy="restart")``, ``prewarm()`` at the onload) and ``auto_restart`` (NeMo RL's
+(``release(strategy="restart")``, ``prewarm()`` at the onload; ``restart_nopin``: the same with
+``NVRX_IPC_FIX_PIN=off``, nothing pinned ahead) and ``auto_restart`` (NeMo RL's
 ``offload_before_refit`` and ``prepare_for_training`` with ``NVRX_IPC_FIX_STRATEGY=restart``),
 both with ``NVRX_IPC_FIX_PREWARM=start``: their ``ready`` steps wait for the prewarmed worker,
 standing in for the training between the job's start (or the onload) and the save, and report
@@ -51,14 +52,22 @@ SCENARIOS = {  # name -> (package on, use_cached_data_structure, the release ste
     "auto": (True, True, ["nemo_offload_before_refit"]),
     "no_cache": (False, False, []),
     "restart": (True, True, ["restart"]),
+    "restart_nopin": (True, True, ["restart"]),
     "auto_restart": (True, True, ["nemo_offload_before_refit"]),
 }
 #: Scenarios that prewarm: their environment, and the steps after the onload.
 PREWARMED = {
     "restart": ({"NVRX_IPC_FIX_PREWARM": "start"}, ["prewarm", "ready"]),
+    "restart_nopin": ({"NVRX_IPC_FIX_PREWARM": "start", "NVRX_IPC_FIX_PIN": "off"},
+                      ["prewarm", "ready"]),
     "auto_restart": ({"NVRX_IPC_FIX_PREWARM": "start", "NVRX_IPC_FIX_STRATEGY": "restart"},
                      ["nemo_prepare_for_training", "ready"]),
 }
+
+
+#: Other scenarios' environment: ``auto`` measures the automatic release with ``flush`` (the
+#: rows recorded before ``restart`` became its default).
+ENVIRONMENT = {"auto": {"NVRX_IPC_FIX_STRATEGY": "flush"}}
 
 
 #: --overhead variants: label -> NVRX_IPC_FIX_DISABLE
@@ -239,7 +248,7 @@ def main():
         tensors, numel = SIZES[size]
         for name in args.scenarios.split(","):
             package, cached, release = SCENARIOS[name]
-            env, onload = PREWARMED.get(name, ({}, []))
+            env, onload = PREWARMED.get(name, (ENVIRONMENT.get(name, {}), []))
             steps = (["ready"] if onload else []) + ["save", "save"] + [
                 *release, "offload", "measure", "onload", *onload, "save"] * cycles
             record(run_case({"case": f"{size}/{name}", "size": size, "scenario": name,

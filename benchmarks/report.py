@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ORDER = ("vanilla", "nemo_rl", "terminate", "flush", "auto", "no_cache", "restart",
          "auto_restart")
 #: The scenarios compared for prewarm (issue 12): the two releases it replaces, and itself.
-PREWARM = ("flush", "terminate", "restart", "auto_restart")
+PREWARM = ("flush", "terminate", "restart", "restart_nopin", "auto_restart")
 CLEAN_BASELINE = 1 << 30  # a baseline above this means another process was on the device
 
 
@@ -133,8 +133,9 @@ def prewarm_table(rows, size):
     out = ["| NVRx | scenario | cycles | worker processes during inference | device used "
            "during inference over an empty process (max) | warm save blocks | save after "
            "onload blocks (median / max) | max / warm | first save blocks | first / warm | "
-           "release (median) | next worker ready after (median / max) | stale tensors | hang |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "release (median) | next worker ready after (median / max) | host memory pinned ahead "
+           "| stale tensors | hang |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     found = [r for r in rows if r.get("size") == size and r.get("scenario") in PREWARM
              and r.get("saves") and r.get("ranks", 1) == 1
              and any("workers" in m for m in r.get("measures") or [])]  # this benchmark's
@@ -146,6 +147,7 @@ def prewarm_table(rows, size):
         after = [s["blocked_s"] for s in saves[2:]] or [float("nan")]
         release = _release_s(r)
         ready = [x["ready_s"] for x in (r.get("ready") or [])[1:] if x.get("ready_s")]
+        pinned = {x.get("pinned_bytes") for x in (r.get("ready") or [])[1:]} - {None}
         out.append(
             f"| {r['nvrx']} | {r['scenario']} | {r.get('cycles')} | "
             f"{', '.join(map(str, workers))} | {used} | {warm:.3f} s | "
@@ -153,6 +155,7 @@ def prewarm_table(rows, size):
             f"{first:.3f} s | {first / warm:.2f} | "
             f"{'' if release is None else f'{release:.3f} s'} | "
             f"{f'{statistics.median(ready):.2f} / {max(ready):.2f} s' if ready else ''} | "
+            f"{', '.join(f'{b / GIB:.2f} GiB' for b in sorted(pinned)) or 'not recorded'} | "
             f"{sum(s.get('stale') or 0 for s in saves)} | "
             f"{'**yes**' if r.get('hang') else 'no'} |")
     return "\n".join(out)

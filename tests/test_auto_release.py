@@ -79,8 +79,8 @@ def test_without_the_package_offload_leaves_the_old_storage_mapped():
     assert keys_per_probe(report) == [1]
 
 
-def test_each_offload_point_releases_first_and_keeps_the_worker():
-    report = scenario(OFFLOADS, prelude=NEMO)
+def test_each_offload_point_releases_first_and_keeps_the_worker_with_flush():
+    report = scenario(OFFLOADS, prelude=NEMO, env={"NVRX_IPC_FIX_STRATEGY": "flush"})
     assert keys_per_probe(report) == [0, 0, 0]
     assert len({p["pid"] for p in report["probes"]}) == 1
     assert report["releases_total"] == 3
@@ -130,8 +130,8 @@ RESTART = ["save", "save", "prepare_for_lp_inference", "probe",
            "finish_training", "measure", "value_prepare_for_training", "ready", "save"]
 
 
-def test_restart_at_nemo_rl_s_offload_and_onload_points():
-    report = scenario(RESTART, prelude=NEMO, env={"NVRX_IPC_FIX_STRATEGY": "restart"})
+def test_restart_at_nemo_rl_s_offload_and_onload_points_by_default():
+    report = scenario(RESTART, prelude=NEMO)  # NVRX_IPC_FIX_STRATEGY unset
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0] * 4
     flushed, prewarmed = report["probes"]

@@ -70,6 +70,56 @@ def test_restart_leaves_no_worker_from_the_release_to_the_onload(prewarmed):
     assert stopped["seconds"] < 10  # aborted, not waited for while it started
 
 
+SENT = 8 * 512 * 4  # bytes of the CUDA tensors a save sends: 8 float32 tensors of 512
+
+
+def test_a_prewarmed_worker_pins_the_last_save_s_host_memory_before_it_is_ready(prewarmed):
+    startup, at_onload, block = prewarmed["ready"]
+    assert startup["pinning"] == 0  # the job's first worker: no save has sent anything yet
+    for ready in (at_onload, block):  # reported pinned before the save was scheduled
+        assert ready["pinning"] == ready["pinned_bytes"] == SENT and ready["pin_error"] is None
+    assert prewarmed["releases"][0]["pin_bytes"] == SENT  # restart says what comes
+    assert prewarmed["pinned_bytes"] == SENT
+
+
+PIN_PRELUDE = """
+    from nvrx_ipc_fix import _prewarm, scenario as _scenario
+    _scenario.EXTRA_STEPS["huge-pin"] = lambda t: _prewarm._sizes.__setitem__(t.queue,
+                                                                              (1 << 62,))
+"""
+
+
+@pytest.fixture(scope="module", params=["on", "off", "fails"])
+def pinning(request):
+    """A save arrives right after the prewarm (it waits for the pinning); the setting off;
+    a pinning that fails (more host memory than there is)."""
+    steps = ["save", "save", "restart", "prewarm", "prewarm", "save", "probe"]
+    if request.param == "fails":
+        steps = ["save", "huge-pin", "restart", "prewarm", "ready", "save"]
+    env = {"NVRX_IPC_FIX_PIN": "off"} if request.param == "off" else None
+    return request.param, scenario(steps, env=env, prelude=PIN_PRELUDE)
+
+
+def test_pinning_ahead_waits_switches_off_and_fails_softly(pinning):
+    case, report = pinning
+    assert report["hang"] is None, report["stderr"]
+    assert [s["stale"] for s in report["saves"]] == [0] * (2 if case == "fails" else 3)
+    after = report["saves"][-1]
+    assert after["worker_before"] == after["worker"] == report["prewarms"][0]["pid"]
+    assert report["prewarms_total"] == 1  # one worker, pinned once
+    warnings = [e["message"] for e in report["log"] if e["level"] == "WARNING"]
+    if case == "on":
+        assert report["pinned_bytes"] == report["releases"][0]["pin_bytes"] == SENT
+        assert warnings == [] and report["probes"][0]["pid"] == after["worker"]
+    elif case == "off":
+        assert report["pinned_bytes"] == report["releases"][0]["pin_bytes"] == 0
+        assert warnings == []
+    else:
+        assert report["ready"][0]["pin_error"] and report["pinned_bytes"] == 0
+        assert len(warnings) == 1 and "pinned 0.00 of" in warnings[0], warnings
+        assert "that save pins the rest as usual (NVRX_IPC_FIX_PIN=off" in warnings[0]
+
+
 def test_flush_leaves_a_worker_that_has_had_no_save_alone(prewarmed):
     flush = prewarmed["releases"][-1]
     assert flush["queues_released"] == 0 and not flush["worker_terminated"]

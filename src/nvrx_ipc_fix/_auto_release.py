@@ -6,6 +6,10 @@ points), and with ``NVRX_IPC_FIX_RELEASE=finalize`` after every blocking
 A release happens only when some queue can hold IPC handles, has a live worker and
 scheduled a save since its last release; with the ``restart`` strategy, whenever such a
 queue has any worker (nothing of it may stay on the device for the inference that follows).
+At the offload points the strategy is ``NVRX_IPC_FIX_STRATEGY``, else ``restart``: measured
+on an H200, its next worker, started at the onload and pinned ahead, takes the save after
+the onload as fast as a kept one, and nothing of it is on the GPU during inference
+(BENCHMARKS.md). After a blocking finalize, where no onload follows, it is ``release()``'s.
 NeMo RL builds that carry PR #3322 terminate the worker themselves in
 ``offload_before_refit``/``offload_after_refit`` when their config asks for it; then the
 package stays out of the way (no second release).
@@ -51,7 +55,7 @@ def _before(wrapped, instance, reload=False):
     """Release if needed; where the model comes back, ``restart`` releases as ``flush``."""
     try:
         if _config.release_policy() != "never" and not _releases_itself(wrapped, instance):
-            restart = _config.strategy() == "restart"
+            restart = _config.auto_strategy() == "restart"
             release_if_needed("flush" if reload and restart else None)
     except Exception as exc:
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
@@ -60,7 +64,7 @@ def _before(wrapped, instance, reload=False):
 def _after(wrapped, instance):
     """With ``restart``: the model is back, start the next worker (``prewarm``)."""
     try:
-        if _config.release_policy() != "never" and _config.strategy() == "restart":
+        if _config.release_policy() != "never" and _config.auto_strategy() == "restart":
             from ._prewarm import prewarm
 
             prewarm()
@@ -71,7 +75,7 @@ def _after(wrapped, instance):
 def after_finalize(blocking, terminate):
     """Called by the ``maybe_finalize_async_save`` wrapper after the original returned."""
     if blocking and not terminate and _config.release_policy() == "finalize":
-        release_if_needed()
+        release_if_needed(_config.strategy())  # no onload follows: release()'s default
 
 
 def release_if_needed(strategy=None):
@@ -83,7 +87,7 @@ def release_if_needed(strategy=None):
     queues = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)  # None while importing
     if queues is None:
         return None
-    strategy = _config.strategy() if strategy is None else strategy
+    strategy = _config.auto_strategy() if strategy is None else strategy
     for queue in queues.get_instances():
         if not holds_ipc(queue):
             continue

@@ -44,6 +44,7 @@ class Totals:
     releases: int = 0
     prewarms: int = 0  # workers started ahead of the save that needs them
     prewarm_failures: int = 0  # of those, workers that died or failed before their first save
+    pinned_bytes: int = 0  # host memory the last prewarmed worker pinned ahead of its save
 
 
 totals = Totals()

@@ -21,8 +21,10 @@ AUTO = "NVRX_IPC_FIX_AUTO"
 #: ``nvrx_ipc_fix`` logger at that level. Default: no handler (a ``NullHandler`` only).
 LOG_LEVEL = "NVRX_IPC_FIX_LOG_LEVEL"
 
-#: ``flush`` (default: keep the worker), ``terminate`` or ``restart`` (terminate now, start the
-#: next worker when the model is back): what ``release()`` does by default.
+#: ``flush`` (keep the worker), ``terminate`` or ``restart`` (terminate now, start the next
+#: worker when the model is back): what ``release()`` and ``offloading()`` do by default
+#: (unset: ``flush``) and what the automatic release does (unset: ``restart``, whose onload
+#: points start the next worker).
 STRATEGY = "NVRX_IPC_FIX_STRATEGY"
 #: Seconds ``release()`` waits for the worker before terminating it. Default 60; ``inf``:
 #: no limit (a worker that dies still ends the wait).
@@ -40,6 +42,11 @@ STALL_TIMEOUT = "NVRX_IPC_FIX_STALL_TIMEOUT"
 #: the first save finds it ready. Default ``off`` (also ``0``, ``false``, ``no``, ``never``,
 #: ``none``).
 PREWARM = "NVRX_IPC_FIX_PREWARM"
+#: ``on`` (default; also ``1``, ``true``, ``yes``): a prewarmed worker pins, before it
+#: reports ready, host memory of the byte sizes of the tensors the queue's last save sent,
+#: so that its first save copies into pinned blocks as a kept worker does. ``off`` (also
+#: ``0``, ``false``, ``no``, ``never``, ``none``): it pins nothing ahead.
+PIN = "NVRX_IPC_FIX_PIN"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -118,6 +125,11 @@ def strategy():
     return _choice(STRATEGY, ("flush", "terminate", "restart"), "flush")
 
 
+def auto_strategy():
+    """The automatic release's strategy: ``NVRX_IPC_FIX_STRATEGY``, else ``restart``."""
+    return _choice(STRATEGY, ("flush", "terminate", "restart"), "restart")
+
+
 def release_policy():
     """When the package releases on its own: ``offload``, ``finalize`` or ``never``."""
     if os.environ.get(RELEASE, "").strip().lower() in _FALSE - {""} | {"none"}:
@@ -163,6 +175,16 @@ def stall_timeout():
     """Seconds of no progress before the stall ERROR; infinity when turned off."""
     value = _seconds_env(STALL_TIMEOUT, 300.0, allow_zero=True)
     return float("inf") if value == 0 else value
+
+
+def pin_ahead():
+    """Does a prewarmed worker pin host memory for its first save (``NVRX_IPC_FIX_PIN``)?"""
+    raw = os.environ.get(PIN, "").strip().lower()
+    if raw in _TRUE or not raw:
+        return True
+    if raw not in _FALSE | {"never", "none"}:
+        _invalid(PIN, raw, "is not on or off; using on")
+    return False
 
 
 def prewarm_at_start():

@@ -142,6 +142,8 @@ def _switches():
         yield "ok", _config.AUTO, "start-up activation on"
     else:
         yield "fail", _config.AUTO, f"{os.environ[_config.AUTO]!r}: start-up activation is off"
+    yield ("info", _config.PIN, "on: a prewarmed worker pins the last save's host memory ahead"
+           if _config.pin_ahead() else "off: a prewarmed worker's first save pins host memory")
 
 
 def _startup_error(startup):

@@ -229,6 +229,7 @@ def status():
             releases=_cleanup.totals.releases,
             prewarms=_cleanup.totals.prewarms,
             prewarm_failures=_cleanup.totals.prewarm_failures,
+            pinned_bytes=_cleanup.totals.pinned_bytes,
         )
 
 

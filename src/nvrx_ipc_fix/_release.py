@@ -44,6 +44,7 @@ class ReleaseReport:
     keys_cleared: int
     skipped: tuple = field(default_factory=tuple)  # ("what: why", ...)
     error: str | None = None
+    pin_bytes: int = 0  # restart: host memory the next worker pins ahead of its first save
 
     def summary(self) -> str:
         """The one INFO line, in the units users think in."""
@@ -53,6 +54,8 @@ class ReleaseReport:
                  if self.freed_bytes >= 1 << 20 else
                  "the model's blocks are freed as the trainer drops its tensors")
         after = "; prewarm() starts the next" if self.strategy == "restart" else ""
+        if self.pin_bytes:
+            after += f", which pins {self.pin_bytes / _cleanup.GIB:.2f} GiB of host memory ahead"
         return (f"released the NVRx checkpoint worker's IPC mappings ({self.strategy}, "
                 f"{self.seconds:.2f} s, {worker}{after}); {freed}")
 
@@ -175,8 +178,9 @@ def _release(queue, strategy, timeout):
     trainer_cache.clear()
     cleaned = _cleanup.clear_trainer_caches(f"release ({strategy})", free_before, keys)
     freed = (cleaned.freed_bytes or 0) if cleaned is not None else 0
+    pin = (sum(_prewarm.planned_pin_bytes(q) for q in queues) if strategy == "restart" else 0)
     report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,
-                           terminated, keys, tuple(skipped), "; ".join(errors) or None)
+                           terminated, keys, tuple(skipped), "; ".join(errors) or None, pin)
     if report.error:
         from ._log import warn_once
 

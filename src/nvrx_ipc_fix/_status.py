@@ -64,6 +64,7 @@ class Status:
     releases: int
     prewarms: int  # checkpoint workers started ahead of the save that needs them
     prewarm_failures: int  # of those, workers that died or failed before their first save
+    pinned_bytes: int = 0  # host memory the last prewarmed worker pinned ahead of its save
 
     def fix(self, name: str) -> FixStatus:
         """The status of fix ``name``."""
@@ -98,5 +99,7 @@ class Status:
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
         lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
                       f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: {self.releases}; "
-                      f"prewarms: {self.prewarms} ({self.prewarm_failures} failed)"]
+                      f"prewarms: {self.prewarms} ({self.prewarm_failures} failed; "
+                      f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned ahead by "
+                      "the last)"]
         return "\n".join(lines)

@@ -67,14 +67,53 @@ def drop_cache():
         torch.cuda.empty_cache()
 
 
-def warm_up(modules):
+def warm_up(modules, sizes=()):
     """Import ``modules`` (what the saves will unpickle here), so that the first save to a
-    prewarmed worker does not wait for them; a failure is left for that save to meet."""
+    prewarmed worker does not wait for them (a failure is left for that save to meet); then
+    pin host memory of ``sizes`` bytes (``pin_host``) and report it (``pin_path``)."""
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:
             pass
+    if sizes:
+        pinned, error = pin_host(sizes)
+        try:
+            with open(pin_path(os.getpid()), "w") as out:
+                json.dump({"pinned_bytes": pinned, "error": error}, out)
+        except OSError:
+            pass
+
+
+def pin_host(sizes):
+    """Pin host blocks of these byte sizes and free them into torch's caching host allocator,
+    where the first save's ``.to("cpu", non_blocking=True)`` copies find them (it rounds
+    each request as it rounded these). Returns ``(bytes pinned, error or None)``; never
+    raises. Without CUDA, ``fakecuda``'s stand-in allocates (plain memory)."""
+    import torch
+
+    if torch.cuda.is_available():
+        def allocate(size):
+            return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    else:
+        fake = sys.modules.get(f"{__package__}.fakecuda")
+        if fake is None:
+            return 0, "no CUDA device in the worker"
+        allocate = fake.pinned
+    blocks = []
+    try:
+        for size in sizes:
+            blocks.append(allocate(int(size)))
+        return sum(b.numel() for b in blocks), None
+    except Exception as exc:
+        return sum(b.numel() for b in blocks), f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        del blocks  # into the cache: pinned, and free for the save
+
+
+def pin_path(pid):
+    """Where the worker ``pid`` reports what ``warm_up`` pinned."""
+    return os.path.join(tempfile.gettempdir(), f"nvrx_ipc_fix-{os.getuid()}-worker-{pid}.pinned")
 
 
 def describe_cache(path):

@@ -13,6 +13,8 @@ This is the only fake in the tests and the demo, and it fakes only the device:
 * Loading a checkpoint the worker wrote needs ``FakeCudaTensor`` among torch's safe globals.
 * megatron-core's worker sets a CUDA device before anything else: ``install(forked_worker=True)``
   makes that harmless in a worker forked from the trainer (the scenario forks it there).
+* A prewarmed worker pins host memory ahead of its first save (``_worker.pin_host``);
+  page-locked memory is the CUDA driver's, so here ``pinned`` stands in with plain memory.
 * NVRx 0.4.1 and 0.5.0 call ``torch.cuda.synchronize()`` in the worker after every copy,
   and NeMo RL's cleanup calls ``torch.cuda.ipc_collect()``; without CUDA there is nothing
   to wait for or collect, so importing this module (the worker does, to unpickle the
@@ -58,6 +60,11 @@ def install(forked_worker=False):
     if forked_worker:
         torch.cuda.device_count = lambda: 1
         torch.cuda.set_device = lambda device: None
+
+
+def pinned(size):
+    """Stands in for ``torch.empty(size, dtype=torch.uint8, pin_memory=True)``."""
+    return torch.empty(size, dtype=torch.uint8)
 
 
 def on_fake_device(tensor):
