@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import os
 import sys
 import threading
 import time
@@ -48,7 +47,7 @@ from queue import Empty
 from . import _cleanup, _config, _monitor
 from ._detect import CORE, FS
 from ._log import hook_failed, logger
-from ._worker import pin_path, warm_up
+from ._worker import take_file, warm_up
 from ._worker_watch import SENTINEL, abandon, describe_exit
 
 SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
@@ -395,12 +394,9 @@ def _pinned(start):
     """Read what the worker pinned ahead; a failure is one WARNING (the save pins as usual)."""
     import json
 
-    path = pin_path(start.process.pid)
     try:
-        with open(path) as found:
-            report = json.load(found)
-        os.unlink(path)
-    except (OSError, ValueError) as exc:
+        report = json.loads(take_file(start.process.pid, "pinned") or "")
+    except ValueError as exc:
         report = {"pinned_bytes": 0, "error": f"no report ({type(exc).__name__}: {exc})"}
     start.pinned_bytes = int(report.get("pinned_bytes") or 0)
     start.pin_error = report.get("error")
@@ -467,6 +463,7 @@ def _let_go(queue, caller, start):
     if thread is not None and thread.ident and thread is not threading.current_thread():
         thread.join()  # it sees the cancel within 0.2 s
     abandon(caller)  # closes its queues, reaps it, empties the trainer's caches
+    take_file(getattr(process, "pid", None), "pinned")  # if it pinned before it went
     if queue is not None and getattr(queue, "persistent_caller", None) is caller:
         queue.persistent_caller = None
     slot = sys.modules[CORE].AsyncCallsQueue

@@ -14,8 +14,9 @@ import sys
 import tempfile
 
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
-#: Where the worker leaves the traceback of its last uncaught exception.
-TRACEBACK_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.traceback"
+#: What a worker leaves for the trainer: ``traceback`` (its last uncaught exception) and
+#: ``pinned`` (what ``warm_up`` pinned ahead).
+WORKER_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.{kind}"
 
 
 def reporting(function, *args, **kwargs):
@@ -23,7 +24,7 @@ def reporting(function, *args, **kwargs):
     traceback for the trainer (the worker then dies of it, as without the package)."""
     try:
         return function(*args, **kwargs)
-    except BaseException:
+    except Exception:
         leave_traceback()
         raise
 
@@ -33,28 +34,35 @@ def leave_traceback():
     import traceback
 
     try:
-        with open(traceback_path(os.getpid()), "w", encoding="utf-8") as out:
+        with open(worker_file(os.getpid(), "traceback"), "w", encoding="utf-8") as out:
             out.write(traceback.format_exc()[-16000:])
     except Exception:
         pass
 
 
-def traceback_path(pid):
-    return os.path.join(tempfile.gettempdir(), TRACEBACK_FILE.format(uid=os.getuid(), pid=pid))
+def worker_file(pid, kind):
+    """The path of what the worker ``pid`` leaves of ``kind`` (``WORKER_FILE``)."""
+    return os.path.join(tempfile.gettempdir(),
+                        WORKER_FILE.format(uid=os.getuid(), pid=pid, kind=kind))
 
 
-def read_traceback(pid):
-    """The traceback the worker ``pid`` left (and remove the file), or None."""
+def take_file(pid, kind):
+    """The text the worker ``pid`` left of ``kind``, the file removed; None if there is none."""
     if pid is None:
         return None
-    path = traceback_path(pid)
+    path = worker_file(pid, kind)
     try:
         with open(path, encoding="utf-8") as found:
             text = found.read()
         os.unlink(path)
-        return text.strip() or None
+        return text
     except OSError:
         return None
+
+
+def read_traceback(pid):
+    """The traceback the worker ``pid`` left, or None."""
+    return (take_file(pid, "traceback") or "").strip() or None
 
 
 def drop_cache():
@@ -70,7 +78,7 @@ def drop_cache():
 def warm_up(modules, sizes=()):
     """Import ``modules`` (what the saves will unpickle here), so that the first save to a
     prewarmed worker does not wait for them (a failure is left for that save to meet); then
-    pin host memory of ``sizes`` bytes (``pin_host``) and report it (``pin_path``)."""
+    pin host memory of ``sizes`` bytes (``pin_host``) and report it (``worker_file``)."""
     for name in modules:
         try:
             importlib.import_module(name)
@@ -79,7 +87,7 @@ def warm_up(modules, sizes=()):
     if sizes:
         pinned, error = pin_host(sizes)
         try:
-            with open(pin_path(os.getpid()), "w") as out:
+            with open(worker_file(os.getpid(), "pinned"), "w") as out:
                 json.dump({"pinned_bytes": pinned, "error": error}, out)
         except OSError:
             pass
@@ -109,11 +117,6 @@ def pin_host(sizes):
         return sum(b.numel() for b in blocks), f"{type(exc).__name__}: {exc}"[:500]
     finally:
         del blocks  # into the cache: pinned, and free for the save
-
-
-def pin_path(pid):
-    """Where the worker ``pid`` reports what ``warm_up`` pinned."""
-    return os.path.join(tempfile.gettempdir(), f"nvrx_ipc_fix-{os.getuid()}-worker-{pid}.pinned")
 
 
 def describe_cache(path):
