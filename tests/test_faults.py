@@ -1,6 +1,6 @@
 """A checkpoint worker that dies or stops, on the real NVRx worker (and megatron-core's),
 one rank and two (gloo): without the package NVRx waits for ever (the scenario's watchdog
-reports the hang); with it, by the recovery protocol (README, "Worker failures"), the
+reports the hang); with it, by the recovery protocol (README, "Failures"), the
 failure is raised once per rank, by the finalize that covers the failed save (blocking or a
 training loop's non-blocking polls, ``no_dist`` True or False), the failed save is never
 finalized and the error names it, nothing is held back, and the next save is loaded back
