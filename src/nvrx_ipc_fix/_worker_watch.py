@@ -176,9 +176,8 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         process = process_of(caller)
         entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
         if _dead(process):  # died while idle: sending would only pile up
-            error = _own_failure(caller, save, process, "before the save, while idle")
-            forget_caller(queue, caller)
-            return _scheduled_failed(queue, entry(save, caller, request), error)
+            return _died_before(queue, entry(save, caller, request), process,
+                                "before the save, while idle")
         args, kwargs = (_reporting(request),), {}
     except Exception as exc:
         hook_failed("AsyncCallsQueue.schedule_async_request", exc)
@@ -202,12 +201,10 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             raise
     caller = queue.async_calls[-1][1] if _appended(queue, save) else caller_of(queue)
     if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
-        error = _own_failure(caller, save, process_of(caller), "during the preload handshake",
-                             exitcode=wait.exitcode)
-        forget_caller(queue, caller)
         if _appended(queue, save):
             queue.async_calls.pop()
-        return _scheduled_failed(queue, entry(save, caller, request), error)
+        return _died_before(queue, entry(save, caller, request), process_of(caller),
+                            "during the preload handshake", wait.exitcode)
     _state(caller).outstanding.append(save)
     return result
 
@@ -218,6 +215,15 @@ def _reporting(request):
     changes = {name: partial(_worker.reporting, getattr(request, name))
                for name in ("async_fn", "preload_fn") if getattr(request, name, None)}
     return request._replace(**changes) if changes and hasattr(request, "_replace") else request
+
+
+def _died_before(queue, entry, process, when, exitcode=None):
+    """The worker died before it took ``entry``'s save: let it go, make the queue start a
+    fresh one, and schedule the save as failed."""
+    save, caller, _ = entry
+    error = _own_failure(caller, save, process, when, exitcode)
+    forget_caller(queue, caller)
+    return _scheduled_failed(queue, entry, error)
 
 
 def _scheduled_failed(queue, entry, error):
@@ -249,7 +255,7 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             break
         except CheckpointWorkerError as error:
             if not (calls and calls[0][0] == error.save):
-                _note(error, failures, finalized)
+                _note(error, failures)
                 raise
             _, caller, _ = calls.popleft()  # never finalized
             failures.append(error)
@@ -257,7 +263,7 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             if state is not None and state.death is not None:  # the next save starts afresh
                 forget_caller(queue, caller)
         except BaseException as other:
-            _note(other, failures, finalized)
+            _note(other, failures)
             raise
     if failures:
         raise _summary(failures, finalized)
@@ -278,7 +284,7 @@ def _summary(failures, finalized):
     return error
 
 
-def _note(exc, failures, finalized):
+def _note(exc, failures):
     """Another exception ends a finalize that had dropped failed saves: say which."""
     if not failures:
         return
