@@ -1,66 +1,100 @@
-"""What ``stale_guard`` adds to one cached save, per tensor count, without a whole save's noise.
+"""What ``stale_guard`` adds to NVRx 0.6.0's ``prepare_write_data`` on a cached save.
 
-    PYTHONPATH=src:$NVRX python benchmarks/guard_cost.py [--tensors 16,4096]
+    PYTHONPATH=src:$NVRX python benchmarks/guard_cost.py [--tensors 16,4096] [--bytes 2g]
 
-On NVRx 0.6.0 the guard runs before every ``prepare_write_data``: it lists the plan's tensor
-items, computes NVRx's cache key from them and checks each cached tensor's storage (weak
-reference and data pointer). This times that work, with ``timeit``, on a real
-``torch.distributed.checkpoint`` save plan of N CPU tensors whose key NVRx has cached and
-whose storages have not moved (the path of every ordinary save), against what NVRx itself
-does with the same items on that path: its key and its ``resolve_data`` of every tensor.
-Prints milliseconds per save.
+Builds a real ``torch.distributed.checkpoint`` save plan of N tensors (``--bytes`` in all:
+CUDA tensors where CUDA is, else the CPU stand-in ``nvrx_ipc_fix.fakecuda``), lets NVRx's
+``FileSystemWriterAsync`` cache its key (a first call, through the guard), then times with
+``timeit`` the path of every ordinary save, where NVRx reuses the worker's cache:
+``prepare_write_data`` bare and through the guard's wrapper, in turn. The difference is what
+the guard costs a save; compare it with a warm save's blocking time at the same layout
+(``gpu_lifecycle.py``, the same machine). Also times the save after a storage move, where
+the guard makes NVRx send the tensors again. Prints milliseconds per call.
 """
 
 import argparse
+import functools
 import sys
+import tempfile
 import timeit
-from types import SimpleNamespace
+
+UNITS = {"k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}
 
 
-def plan_of(count):
-    """A finished local save plan and its planner for ``count`` small tensors."""
-    import torch
+def plan_of(state):
+    """A finished local save plan of ``state`` and its planner."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    state = {f"layer{i}.weight": torch.zeros(64) for i in range(count)}
     planner = DefaultSavePlanner()
     planner.set_up_planner(state, is_coordinator=True)
     plans, _ = planner.create_global_plan([planner.create_local_plan()])
     return planner.finish_plan(plans[0]), planner
 
 
+def tensors(count, nbytes):
+    import torch
+
+    numel = max(1, nbytes // 4 // count)
+    if torch.cuda.is_available():
+        return [torch.zeros(numel, device="cuda") for _ in range(count)], "cuda"
+    from nvrx_ipc_fix import fakecuda
+
+    fakecuda.install()
+    return [fakecuda.on_fake_device(torch.zeros(numel)) for _ in range(count)], "cpu stand-in"
+
+
+def best_ms(call, seconds):
+    number = max(1, int(seconds / 5 / max(timeit.timeit(call, number=1), 1e-6)))
+    return min(timeit.repeat(call, number=number, repeat=5)) / number * 1e3
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tensors", default="16,4096")
+    parser.add_argument("--bytes", default="2g", help="all tensors together, e.g. 2g, 64m")
     parser.add_argument("--seconds", type=float, default=2.0, help="per case, about")
     args = parser.parse_args()
+    nbytes = int(args.bytes[:-1]) * UNITS[args.bytes[-1].lower()]
+    import nvrx_ipc_fix
     from nvrx_ipc_fix import _stale_guard
     from nvrx_ipc_fix._detect import FS
 
+    nvrx_ipc_fix.deactivate()  # NVRx's own prepare_write_data, whatever activated the package
     __import__(FS)
-    fs = sys.modules[FS]
+    writer_class = sys.modules[FS].FileSystemWriterAsync
+    cached = writer_class._cached_identifiers
     for count in map(int, args.tensors.split(",")):
-        plan, planner = plan_of(count)
-        items = _stale_guard._tensor_items(plan)
-        key = fs._compute_data_structure_key_from_plan(items)
-        fs.FileSystemWriterAsync._cached_identifiers.add(key)
-        sent = SimpleNamespace(consistent_data_identifier=SimpleNamespace(key=key),
-                               cached_tensor_data=(items, [planner.resolve_data(item)
-                                                           for item in items]))
-        _stale_guard._record_sent(sent, items)  # what the guard keeps after a full send
+        data, device = tensors(count, nbytes)
+        plan, planner = plan_of({f"layer{i}.weight": t for i, t in enumerate(data)})
+        writer = writer_class(tempfile.mkdtemp(), use_cached_data_structure=True)
+        prepare = functools.partial(writer_class.prepare_write_data, writer)
 
-        def guard():
-            _stale_guard._invalidate_if_moved(None, _stale_guard._tensor_items(plan), planner)
+        def bare():
+            return prepare(plan, planner)
 
-        def nvrx_own():
-            fs._compute_data_structure_key_from_plan(items)
-            [planner.resolve_data(item) for item in items]
+        def guarded():
+            return _stale_guard.prepare_write_data_wrapper(prepare, writer, (plan, planner), {})
 
-        for name, call in (("stale_guard", guard), ("NVRx's key and resolve_data", nvrx_own)):
-            number = max(1, int(args.seconds / 5 / max(timeit.timeit(call, number=1), 1e-6)))
-            best = min(timeit.repeat(call, number=number, repeat=5)) / number
-            print(f"{count:>6} tensors  {name:<30} {best * 1e3:8.3f} ms per save")
-        assert key in fs.FileSystemWriterAsync._cached_identifiers, "the guard saw a move"
+        guarded()  # the first save: NVRx caches the key, the guard records what was sent
+        assert writer.cached_tensor_data is not None and cached
+        guarded()
+        assert writer.cached_tensor_data is None, "not the reuse path"
+        rows = [("NVRx alone", best_ms(bare, args.seconds)),
+                ("with stale_guard", best_ms(guarded, args.seconds))]
+        assert writer.cached_tensor_data is None, "the guard saw a move"
+
+        def after_move():
+            data[0].set_(data[0].clone())  # new storage, as an offload and onload gives it
+            guarded()
+            assert writer.cached_tensor_data is not None, "the guard missed a move"
+
+        rows.append(("with stale_guard, after a move", best_ms(after_move, args.seconds)))
+        for name, ms in rows:
+            print(f"{count:>6} tensors  {device:<12}  {name:<32} {ms:9.3f} ms per call")
+        print(f"{count:>6} tensors  {device:<12}  {'stale_guard adds':<32} "
+              f"{rows[1][1] - rows[0][1]:9.3f} ms per save")
+        cached.clear()
+        del data, plan, planner, writer
     return 0
 
 
