@@ -6,14 +6,16 @@ Builds a real ``torch.distributed.checkpoint`` save plan of N tensors (``--bytes
 CUDA tensors where CUDA is, else the CPU stand-in ``nvrx_ipc_fix.fakecuda``), lets NVRx's
 ``FileSystemWriterAsync`` cache its key (a first call, through the guard), then times with
 ``timeit`` the path of every ordinary save, where NVRx reuses the worker's cache:
-``prepare_write_data`` bare and through the guard's wrapper, in turn. The difference is what
-the guard costs a save; compare it with a warm save's blocking time at the same layout
-(``gpu_lifecycle.py``, the same machine). Also times the save after a storage move, where
-the guard makes NVRx send the tensors again. Prints milliseconds per call.
+``prepare_write_data`` bare and through the guard's wrapper, in turn, ten rounds. The median
+of the rounds' differences is what the guard costs a save; compare it with a warm save's
+blocking time at the same layout (``gpu_lifecycle.py --overhead``, the same machine). Also
+times the call after a storage move, where the guard makes NVRx send the tensors again.
+Prints milliseconds per call.
 """
 
 import argparse
 import functools
+import statistics
 import sys
 import tempfile
 import timeit
@@ -43,9 +45,18 @@ def tensors(count, nbytes):
     return [fakecuda.on_fake_device(torch.zeros(numel)) for _ in range(count)], "cpu stand-in"
 
 
-def best_ms(call, seconds):
-    number = max(1, int(seconds / 5 / max(timeit.timeit(call, number=1), 1e-6)))
-    return min(timeit.repeat(call, number=number, repeat=5)) / number * 1e3
+def calls_per_round(call, seconds):
+    return max(1, int(seconds / 10 / max(timeit.timeit(call, number=1), 1e-6)))
+
+
+def interleaved_ms(bare, guarded, seconds, rounds=10):
+    """Best per-call time of each, and the median of their per-round differences: the
+    two run in turn, so that what else the machine does falls on both alike."""
+    number = calls_per_round(bare, seconds)
+    times = [(timeit.timeit(bare, number=number) / number * 1e3,
+              timeit.timeit(guarded, number=number) / number * 1e3) for _ in range(rounds)]
+    return (min(t[0] for t in times), min(t[1] for t in times),
+            statistics.median(t[1] - t[0] for t in times))
 
 
 def main():
@@ -79,8 +90,7 @@ def main():
         assert writer.cached_tensor_data is not None and cached
         guarded()
         assert writer.cached_tensor_data is None, "not the reuse path"
-        rows = [("NVRx alone", best_ms(bare, args.seconds)),
-                ("with stale_guard", best_ms(guarded, args.seconds))]
+        alone, with_guard, added = interleaved_ms(bare, guarded, args.seconds)
         assert writer.cached_tensor_data is None, "the guard saw a move"
 
         def after_move():
@@ -88,11 +98,12 @@ def main():
             guarded()
             assert writer.cached_tensor_data is not None, "the guard missed a move"
 
-        rows.append(("with stale_guard, after a move", best_ms(after_move, args.seconds)))
+        number = calls_per_round(after_move, args.seconds)
+        moved = min(timeit.repeat(after_move, number=number, repeat=5)) / number * 1e3
+        rows = (("NVRx alone (best)", alone), ("with stale_guard (best)", with_guard),
+                ("stale_guard adds (median)", added), ("the save after a move (best)", moved))
         for name, ms in rows:
-            print(f"{count:>6} tensors  {device:<12}  {name:<32} {ms:9.3f} ms per call")
-        print(f"{count:>6} tensors  {device:<12}  {'stale_guard adds':<32} "
-              f"{rows[1][1] - rows[0][1]:9.3f} ms per save")
+            print(f"{count:>6} tensors  {device:<12}  {name:<30} {ms:9.3f} ms")
         cached.clear()
         del data, plan, planner, writer
     return 0
