@@ -12,7 +12,7 @@ a hang into a reported failure.
 
 Scenarios: ``vanilla`` (no package), ``nemo_rl`` (NeMo RL PR #3322's sequence by hand, no
 package), ``terminate`` / ``flush`` (``nvrx_ipc_fix.release``), ``auto`` (NeMo RL's
-``offload_before_refit``, copied in tests/faithful, with the package releasing on its own, ``flush``),
+``offload_before_refit``, modelled in tests/doubles, with the package releasing on its own, ``flush``),
 ``no_cache`` (``use_cached_data_structure=False``, no package: the reference); ``restart``
 (``release(strategy="restart")``, ``prewarm()`` at the onload; ``restart_nopin``: the same with
 ``NVRX_IPC_FIX_PIN=off``, nothing pinned ahead) and ``auto_restart`` (NeMo RL's
@@ -39,7 +39,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAITHFUL = os.path.join(HERE, os.pardir, "tests", "faithful")
+DOUBLES = os.path.join(HERE, os.pardir, "tests", "doubles")
 SIZES = {"2g16": (16, 2 ** 31 // 4 // 16), "2g4096": (4096, 2 ** 31 // 4 // 4096),
          "16g64": (64, 2 ** 34 // 4 // 64), "256m8": (8, 2 ** 28 // 4 // 8),
          "4m8": (8, 2 ** 22 // 4 // 8), "16m4096": (4096, 2 ** 24 // 4 // 4096)}
@@ -96,8 +96,8 @@ def child(spec):
         torch.cuda.ipc_collect()
         torch.cuda.empty_cache()
 
-    def nemo_worker(trainer):  # NeMo RL's policy worker (copied), around the trainer's queue
-        sys.path.insert(0, FAITHFUL)
+    def nemo_worker(trainer):  # NeMo RL's policy worker (the test double), around the trainer's queue
+        sys.path.insert(0, DOUBLES)
         from nemo_rl.models.policy.workers.megatron_policy_worker import (
             MegatronPolicyWorkerImpl,
         )

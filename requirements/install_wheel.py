@@ -6,7 +6,7 @@ pure Python and runs on CPython 3.11. So pip is told the platform and Python the
 names and installs into the running interpreter's site-packages. Their light
 dependencies are pinned in ``nvrx-deps.txt`` (tox installs them).
 
-    python requirements/install_wheel.py [--python PATH] nvidia-resiliency-ext==0.6.0 [megatron-core==0.17.1]
+    python requirements/install_wheel.py [--python PATH] nvidia-resiliency-ext==0.6.0 [megatron-core==0.17.1 skyrl==0.4.0]
 
 ``--python PATH`` installs into that interpreter's site-packages (a venv without pip). The
 dist-info of any other version of the same project is removed first, so that one version
@@ -26,6 +26,7 @@ WHEEL_TAGS = {  # requirement -> (platform, python version) named in the wheel o
     "nvidia-resiliency-ext==0.6.0": ("manylinux_2_39_x86_64", None),
     "nvidia-resiliency-ext==0.7.0": ("manylinux_2_39_x86_64", "3.12"),
     "megatron-core==0.17.1": ("manylinux_2_28_x86_64", "3.12"),
+    "skyrl==0.4.0": ("any", "3.12"),  # py3-none-any, but Requires-Python >=3.12
 }
 
 

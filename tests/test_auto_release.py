@@ -1,5 +1,5 @@
-"""Automatic release, no code change: NeMo RL's offload points (faithful copies of its
-workers, tests/faithful/README.md) release the worker's IPC mappings before storage moves;
+"""Automatic release, no code change: NeMo RL's offload points (test doubles of its
+workers, tests/doubles/README.md) release the worker's IPC mappings before storage moves;
 ``NVRX_IPC_FIX_RELEASE`` picks the policy; builds with NeMo RL PR #3322 are not released
 twice; with the ``restart`` strategy the offload points leave no worker and the onload points
 start the next one ahead of the save."""
@@ -12,12 +12,12 @@ from conftest import needs_cache, run_python, scenario
 
 pytestmark = [needs_cache, pytest.mark.worker]
 
-FAITHFUL = os.path.join(os.path.dirname(__file__), "faithful")
+DOUBLES = os.path.join(os.path.dirname(__file__), "doubles")
 
-# Steps that call the copied NeMo RL methods on a worker around the scenario's tensors.
+# Steps that call the NeMo RL doubles' methods on a worker around the scenario's tensors.
 NEMO = f"""
     import sys, types
-    sys.path.insert(0, {FAITHFUL!r})
+    sys.path.insert(0, {DOUBLES!r})
     from megatron.bridge.training import checkpointing as _bridge
     from nemo_rl.models.policy.workers import megatron_policy_worker as _policy
     from nemo_rl.models.value.workers import megatron_value_worker as _value
@@ -111,7 +111,7 @@ def test_policy_finalize_releases_after_a_blocking_finalize():
 def test_status_shows_the_policy():
     code = f"""
         import json, sys
-        sys.path.insert(0, {FAITHFUL!r})
+        sys.path.insert(0, {DOUBLES!r})
         import nvrx_ipc_fix
         import nemo_rl.models.policy.workers.megatron_policy_worker
         fix = nvrx_ipc_fix.status().fix("release_on_offload")

@@ -3,7 +3,7 @@ through the names other modules bound with ``from X import maybe_finalize_async_
 
 Megatron: the real megatron-core 0.17.1 code (tox env ``py311-megatron-nvrx060-wrapt2``;
 importing ``megatron.training.async_utils`` also runs ``training.py``, which binds the name).
-Bridge: faithful copies under ``tests/faithful`` (why: tests/faithful/README.md).
+Bridge: test doubles under ``tests/doubles`` (why: tests/doubles/README.md).
 """
 
 import os
@@ -15,7 +15,7 @@ from conftest import expect, needs_cache, run_python, scenario
 
 pytestmark = needs_cache
 
-FAITHFUL = os.path.join(os.path.dirname(__file__), "faithful")
+DOUBLES = os.path.join(os.path.dirname(__file__), "doubles")
 try:
     MEGATRON_CORE = metadata.version("megatron-core")
 except metadata.PackageNotFoundError:
@@ -39,7 +39,7 @@ VIA_MEGATRON = """
 """
 VIA_BRIDGE = f"""
     import sys, types
-    sys.path.insert(0, {FAITHFUL!r})
+    sys.path.insert(0, {DOUBLES!r})
     from megatron.bridge.models.megatron_mimo.conversion import mimo_model_io as _io
     from nvrx_ipc_fix import scenario as _s
     def _close(self):
@@ -71,7 +71,7 @@ def test_terminate_then_save_works_with_the_package(prelude):
 
 ALIASES = """
     import inspect, json, sys
-    sys.path.insert(0, {faithful!r})
+    sys.path.insert(0, {doubles!r})
     import nvrx_ipc_fix
     {late}
     import {module} as defining
@@ -98,6 +98,6 @@ ALIASES = """
                  "megatron.bridge.models.megatron_mimo.conversion.mimo_model_io", id="bridge"),
 ])
 def test_names_bound_by_from_import_see_the_wrapper(module, importer, late):
-    result = run_python(ALIASES.format(faithful=FAITHFUL, module=module, importer=importer,
+    result = run_python(ALIASES.format(doubles=DOUBLES, module=module, importer=importer,
                                        late="nvrx_ipc_fix.deactivate()" if late else ""))
     assert result == {"seen": [not late, True, False], "same_signature": True}
