@@ -3,8 +3,10 @@ persistent worker and constant structure forced on, then offloads at once, and o
 before the next save (test double: tests/doubles/slime, facts cited there). On the CPU the
 offload moves the storage (``scenario``'s ``offload``/``onload``); Megatron's real
 ``maybe_finalize_async_save`` (megatron-core 0.17.1) finalizes. Every save is loaded back.
-No code change and no slime-specific target: ``stale_guard`` and ``clear_on_close`` act on
-NVRx itself. GPU memory after the offload: tests/gpu/test_slime_gpu.py."""
+No code change: ``stale_guard`` and ``clear_on_close`` act on NVRx itself, and
+``release_on_offload`` releases the worker at slime's ``sleep()`` (after finalizing the save
+in flight) and starts the next one at ``wake_up()``. GPU memory after the offload:
+tests/gpu/test_slime_gpu.py."""
 
 import os
 
@@ -57,3 +59,4 @@ def test_with_the_package_every_save_of_slime_s_sequence_loads():
     report = scenario(STEPS, prelude=SLIME)
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0]
+    assert report["releases_total"] == 3  # at each sleep(), the save in flight finalized

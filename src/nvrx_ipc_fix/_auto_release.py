@@ -1,6 +1,6 @@
 """Fix ``release_on_offload``: release the worker's CUDA IPC mappings, without a code
 change, right before a framework moves model or optimizer storage (NeMo RL's offload
-points), and with ``NVRX_IPC_FIX_RELEASE=finalize`` after every blocking
+points, slime's ``sleep()``), and with ``NVRX_IPC_FIX_RELEASE=finalize`` after every blocking
 ``maybe_finalize_async_save``.
 
 A release happens only when some queue can hold IPC handles, has a live worker and
@@ -14,7 +14,8 @@ NeMo RL builds that carry PR #3322 terminate the worker themselves in
 ``offload_before_refit``/``offload_after_refit`` when their config asks for it; then the
 package stays out of the way (no second release).
 
-With ``restart``, the points where the model comes back (``prepare_for_training``, and
+With ``restart``, the points where the model comes back (``prepare_for_training``, slime's
+``wake_up``, and
 ``prepare_for_lp_inference`` / the value worker's ``prepare_for_inference``, which also move
 grads or optimizer off) start the next worker in the background once they return
 (``prewarm``). Those two release with ``flush`` first: the GPU is not handed to inference there.
@@ -31,13 +32,13 @@ _SELF_RELEASING = ("offload_before_refit", "offload_after_refit")
 
 
 def offload_wrapper(wrapped, instance, args, kwargs):
-    """Around a NeMo RL method that moves storage off the GPU."""
+    """Around a framework method that moves storage off the GPU."""
     _before(wrapped, instance)
     return wrapped(*args, **kwargs)
 
 
 def onload_wrapper(wrapped, instance, args, kwargs):
-    """Around a NeMo RL method that moves the model back for training."""
+    """Around a framework method that moves the model back for training."""
     result = wrapped(*args, **kwargs)
     _after(wrapped, instance)
     return result

@@ -15,9 +15,9 @@ FIXES = {
     "clear_on_close": "clear the trainer-side cache when the checkpoint worker is closed "
                       "(no 'Worker cache miss' hang on the next save)",
     "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
-    "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL moves model "
-                          "or optimizer storage, and with the restart strategy start the next "
-                          "worker when the model is back (NVRX_IPC_FIX_RELEASE)",
+    "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL or slime "
+                          "moves model or optimizer storage, and with the restart strategy "
+                          "start the next worker when the model is back (NVRX_IPC_FIX_RELEASE)",
     "worker_watch": "a dead NVRx checkpoint worker becomes a CheckpointWorkerError on every "
                     "rank, a stuck one an ERROR log line (NVRX_IPC_FIX_STALL_TIMEOUT)",
     "mcore_worker_watch": "the same for megatron-core's own persistent checkpoint worker "
@@ -44,7 +44,7 @@ def nvrx_worker_cache(_module):
 
 
 def release_policy(module):
-    """NeMo RL targets: the release policy allows it and NVRx may cache."""
+    """NeMo RL and slime targets: the release policy allows it and NVRx may cache."""
     from ._config import RELEASE, release_policy
 
     if release_policy() == "never":
@@ -181,6 +181,7 @@ MEGATRON = "megatron.training.async_utils"
 BRIDGE = "megatron.bridge.training.checkpointing"
 NEMO_POLICY = "nemo_rl.models.policy.workers.megatron_policy_worker"
 NEMO_VALUE = "nemo_rl.models.value.workers.megatron_value_worker"
+SLIME_ACTOR = "slime.backends.megatron_utils.actor"
 
 MCORE_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
 
@@ -236,5 +237,9 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
         (NEMO_VALUE, "MegatronValueWorkerImpl.finish_inference", "offload_wrapper"),
         (NEMO_VALUE, "MegatronValueWorkerImpl.finish_training", "offload_wrapper"),
         (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_training", "onload_wrapper"),
+        # slime's save_model calls sleep() right after scheduling its save (THUDM/slime
+        # 624b824a898a actor.py:571-596): the release finalizes that save first
+        (SLIME_ACTOR, "MegatronTrainRayActor.sleep", "offload_wrapper"),
+        (SLIME_ACTOR, "MegatronTrainRayActor.wake_up", "onload_wrapper"),
     )
 )
