@@ -4,7 +4,7 @@
         [--sizes 2g16,2g4096,16g64] [--scenarios vanilla,nemo_rl,terminate,flush,auto,no_cache,
         restart,auto_restart] [--cycles 20] [--overhead 12] [--ranks 2 [--launcher torchrun]]
 
-Each (size, scenario) runs in a fresh process per rank through ``nvrx_ipc_fix.scenario``:
+Each (size, scenario) runs in a fresh process per rank through ``nvrx_ipc_fix.testing.scenario``:
 save, save (cache primed), then ``--cycles`` times (default 1): the scenario's release,
 offload the model (``to("cpu")``, ``gc``, ``empty_cache``), measure, onload, save with new
 values; every checkpoint is loaded back and compared value by value, and a watchdog turns
@@ -81,7 +81,7 @@ def child(spec):
     import gc
     import types
 
-    from nvrx_ipc_fix import scenario
+    from nvrx_ipc_fix.testing import scenario
 
     def nemo_rl_manual(trainer):  # NeMo RL PR #3322, finalize_async_save with release
         import torch

@@ -20,7 +20,7 @@ def main():
     args = parser.parse_args()
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core
 
-    from nvrx_ipc_fix import _worker_watch
+    from nvrx_ipc_fix.fixes import worker_watch as _worker_watch
 
     queue = core.AsyncCallsQueue(persistent=True)
     caller = queue._get_async_caller()

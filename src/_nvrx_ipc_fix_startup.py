@@ -10,7 +10,7 @@ off must still be able to activate by ``import nvrx_ipc_fix`` later. Standard li
 import os
 import sys
 
-#: Values of ``NVRX_IPC_FIX_AUTO`` (``nvrx_ipc_fix._config.AUTO``) that leave start-up
+#: Values of ``NVRX_IPC_FIX_AUTO`` (``nvrx_ipc_fix.core.config.AUTO``) that leave start-up
 #: activation on; any other value turns it off. ``_config.auto()`` agrees (a test checks).
 ON = ("", "1", "true", "yes", "on")
 
@@ -30,9 +30,9 @@ def run(how="pth"):
         if os.environ.get("NVRX_IPC_FIX_AUTO", "").strip().lower() not in ON:
             return
         fresh = "nvrx_ipc_fix" not in sys.modules
-        import nvrx_ipc_fix._lifecycle
+        import nvrx_ipc_fix.core.lifecycle
 
-        nvrx_ipc_fix._lifecycle.enable(how, claim=fresh)
+        nvrx_ipc_fix.core.lifecycle.enable(how, claim=fresh)
     except Exception as exc:  # a broken or half-removed install must not stop Python
         error = f"{type(exc).__name__}: {exc}"
         if os.environ.get("NVRX_IPC_FIX_LOG_LEVEL", "").strip().lower() == "debug":

@@ -108,7 +108,7 @@ def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, e
 
 def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, numel=512,
              env=None, finalize="blocking", no_dist=False):
-    """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.scenario).
+    """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.testing.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
     ``no_dist`` choose how saves are finalized (``scenario.Trainer``). The scenario's watchdog
@@ -119,7 +119,7 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     code = f"""
         import json, tempfile
         {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
-        from nvrx_ipc_fix import scenario
+        from nvrx_ipc_fix.testing import scenario
         with tempfile.TemporaryDirectory() as d:
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
                                           n_tensors={tensors}, numel={numel},

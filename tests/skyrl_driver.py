@@ -20,7 +20,7 @@ save), ``kill-idle`` (SIGKILL the idle worker, as the OOM killer would), ``final
 into a fresh model; counts the tensors whose values are not the ones saved). A step that
 raises is reported (type, message) and the run goes on. A step still running
 ``--timeout`` s later, or a few seconds after the worker it waits for died, is reported
-as the hang (``nvrx_ipc_fix.scenario``'s watchdog) and ends the run.
+as the hang (``nvrx_ipc_fix.testing.scenario``'s watchdog) and ends the run.
 
 On the CPU, NVRx's queue is made with ``cpu_shm_mode=True`` (its worker must not set a
 CUDA device) and the model's tensors are ``fakecuda`` tensors: the documented CUDA stand-in.
@@ -45,8 +45,8 @@ stand_ins.install()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from nvrx_ipc_fix import fakecuda, faults, scenario  # noqa: E402
-from nvrx_ipc_fix._worker_watch import caller_of, process_of  # noqa: E402
+from nvrx_ipc_fix.testing import fakecuda, faults, scenario  # noqa: E402
+from nvrx_ipc_fix.fixes.worker_watch import caller_of, process_of  # noqa: E402
 
 from megatron.core.dist_checkpointing.mapping import ShardedTensor  # noqa: E402
 from skyrl.backends.skyrl_train.distributed.megatron import megatron_strategy as ms  # noqa: E402

@@ -125,7 +125,7 @@ def test_pth_runs_once_when_site_reads_it_again(venv):
     seen = probe(python, f"""
         import site
         site.addsitedir({str(site)!r})  # re-reads every .pth file there
-        hooks = sys.modules["nvrx_ipc_fix._hooks"]
+        hooks = sys.modules["nvrx_ipc_fix.core.hooks"]
         print(json.dumps(dict(report(), finders=sys.meta_path.count(hooks._FINDER),
                               ran=sys.modules["_nvrx_ipc_fix_startup"].ran)))
     """)
@@ -156,7 +156,7 @@ def test_auto_values_mean_the_same_before_and_after_import(venv):
     values = ["", "0", "1", "off", "OFF ", "no", "false", "on", "yes", "true", "maybe"]
     seen = probe(python, f"""
         import os, warnings, _nvrx_ipc_fix_startup as startup
-        from nvrx_ipc_fix import _config
+        from nvrx_ipc_fix.core import config as _config
         warnings.simplefilter("ignore")
         same = []
         for value in {values!r}:

@@ -67,14 +67,14 @@ ENV_CASES = [
 
 READ_ENV = """
     import json, os, warnings
-    from nvrx_ipc_fix import _config
-    from nvrx_ipc_fix._targets import FIXES
+    from nvrx_ipc_fix.core import config as _config
+    from nvrx_ipc_fix.core.targets import FIXES
     def read(name):
         if name == _config.DISABLE:
             off = _config.disabled_fixes(tuple(FIXES))
             return "off" if off is None else ("on: " + ",".join(sorted(off)) if off else "on")
         if name == _config.LOG_LEVEL:
-            from nvrx_ipc_fix._log import logger
+            from nvrx_ipc_fix.core.log import logger
             logger.setLevel(logging.NOTSET)
             _config.configure_logging()
             return logging.getLevelName(logger.level).lower() if logger.level else None
@@ -159,7 +159,8 @@ def test_release_rejects_bad_arguments_naming_what_is_allowed():
 INTERRUPTED = """
     import json, math, tempfile, threading
     import nvrx_ipc_fix
-    from nvrx_ipc_fix import _cleanup, _release, scenario
+    from nvrx_ipc_fix.core import cleanup as _cleanup, release as _release
+    from nvrx_ipc_fix.testing import scenario
     results = {}
     with tempfile.TemporaryDirectory() as d:
         t = scenario.Trainer(d, 4, 256)

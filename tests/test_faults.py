@@ -4,7 +4,7 @@ reports the hang); with it, by the recovery protocol (README, "Failures"), the
 failure is raised once per rank, by the finalize that covers the failed save (blocking or a
 training loop's non-blocking polls, ``no_dist`` True or False), the failed save is never
 finalized and the error names it, nothing is held back, and the next save is loaded back
-value by value. Faults are injected inside the worker (``nvrx_ipc_fix.faults``)."""
+value by value. Faults are injected inside the worker (``nvrx_ipc_fix.testing.faults``)."""
 
 import json
 import os
@@ -167,7 +167,7 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
     other ranks; it raises once, names it, and the next save is loaded back."""
     result = run_python("""
         import json, tempfile
-        from nvrx_ipc_fix import scenario
+        from nvrx_ipc_fix.testing import scenario
         t = scenario.Trainer(tempfile.mkdtemp(), 4, 256)
         t.save()
         caller = t.queue.persistent_caller
@@ -216,7 +216,7 @@ def test_fifty_failures_and_recoveries_leak_no_descriptors_semaphores_or_threads
 
 def two_ranks(tmp_path, steps, fix=True, timeout=20, impl="nvrx", finalize="blocking"):
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps,
+        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps,
          "--rank", str(rank), "--world-size", "2", "--dir", str(tmp_path), "--timeout",
          str(timeout), "--numel", "512", "--impl", impl, "--finalize", finalize],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -264,7 +264,7 @@ needs_mcore = pytest.mark.skipif(MCORE is None, reason="megatron-core is not ins
 def mcore_scenario(steps, fix=True, **options):
     code = f"""
         import json, tempfile
-        from nvrx_ipc_fix import scenario
+        from nvrx_ipc_fix.testing import scenario
         with tempfile.TemporaryDirectory() as d:
             print(json.dumps(scenario.run({steps!r}, d, timeout=30, numel=512,
                                           cached=False, impl="mcore", **{options!r})))
@@ -302,7 +302,7 @@ def test_mcore_a_closed_caller_collected_later_leaves_the_next_worker_alone():
     during the wait)."""
     result = run_python("""
         import json, tempfile
-        from nvrx_ipc_fix import scenario
+        from nvrx_ipc_fix.testing import scenario
         t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, cached=False, impl="mcore")
         core = t.core
         t.save()
@@ -340,7 +340,7 @@ EXITS = {  # a training script that ends without closing its queue
 }
 EXIT = """
     import tempfile
-    from nvrx_ipc_fix import scenario
+    from nvrx_ipc_fix.testing import scenario
     if __name__ == "__main__":
         t = scenario.Trainer(tempfile.mkdtemp(), 4, 256)
         {body}

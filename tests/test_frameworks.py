@@ -30,7 +30,7 @@ VIA_MEGATRON = """
     import megatron.training.async_utils as _au
     import megatron.training.training as _training  # `from .async_utils import maybe_finalize_async_save`
     from megatron.training.global_vars import set_args
-    from nvrx_ipc_fix import scenario as _s
+    from nvrx_ipc_fix.testing import scenario as _s
     set_args(argparse.Namespace(async_save=True))
     def _close(self):
         _au._async_calls_queue = self.queue
@@ -41,7 +41,7 @@ VIA_BRIDGE = f"""
     import sys, types
     sys.path.insert(0, {DOUBLES!r})
     from megatron.bridge.models.megatron_mimo.conversion import mimo_model_io as _io
-    from nvrx_ipc_fix import scenario as _s
+    from nvrx_ipc_fix.testing import scenario as _s
     def _close(self):
         _io.maybe_finalize_async_save(types.SimpleNamespace(async_calls_queue=self.queue),
                                       ckpt_cfg=types.SimpleNamespace(async_save=True),

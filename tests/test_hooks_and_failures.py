@@ -27,7 +27,7 @@ def test_hook_runs_after_import_restores_loader_and_survives_a_failing_hook(tmp_
     result = run_python(f"""
         import json, sys
         sys.path.insert(0, {str(tmp_path)!r})
-        from nvrx_ipc_fix import _hooks
+        from nvrx_ipc_fix.core import hooks as _hooks
         calls = []
         _hooks.when_imported("hooked_mod", lambda m: calls.append(m.VALUE + 1))
         _hooks.when_imported("hooked_mod", lambda m: 1 / 0)  # must not break the import
@@ -64,7 +64,8 @@ def test_failing_cleanup_leaves_close_working_and_reports_error():
     result = run_python("""
         import json, logging
         import nvrx_ipc_fix
-        from nvrx_ipc_fix import _cleanup, _clear_on_close
+        from nvrx_ipc_fix.core import cleanup as _cleanup
+        from nvrx_ipc_fix.fixes import clear_on_close as _clear_on_close
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
         def boom(*a, **k):
             raise RuntimeError("boom")

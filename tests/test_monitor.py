@@ -8,7 +8,7 @@ worker's preload queue when the aborted worker's death came in."""
 import os
 import threading
 
-from nvrx_ipc_fix import _monitor
+from nvrx_ipc_fix.core import monitor as _monitor
 
 
 class FakeProcess:

@@ -83,7 +83,8 @@ def test_a_prewarmed_worker_pins_the_last_save_s_host_memory_before_it_is_ready(
 
 
 PIN_PRELUDE = """
-    from nvrx_ipc_fix import _prewarm, scenario as _scenario
+    from nvrx_ipc_fix.fixes import prewarm as _prewarm
+    from nvrx_ipc_fix.testing import scenario as _scenario
     _scenario.EXTRA_STEPS["huge-pin"] = lambda t: _prewarm._sizes.__setitem__(t.queue,
                                                                               (1 << 62,))
 """
@@ -163,7 +164,7 @@ def test_a_used_worker_that_dies_is_still_the_watch_s_error(fell_back):
 EDGES = """
     import json, os, tempfile, threading, warnings
     import nvrx_ipc_fix
-    from nvrx_ipc_fix import _config
+    from nvrx_ipc_fix.core import config as _config
     out = {}
 
     def type_error(value):
@@ -187,7 +188,7 @@ EDGES = """
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core
     out["bad_nvrx"] = [type_error(v) for v in BAD]
     out["no_queue"] = list(nvrx_ipc_fix.prewarm().skipped)
-    from nvrx_ipc_fix import fakecuda
+    from nvrx_ipc_fix.testing import fakecuda
     early = core.AsyncCallsQueue(persistent=True, cpu_shm_mode=True)  # start-up: too early
     fakecuda.mark_queue(early)  # it stands in for a GPU queue: a restart stops its worker
     out["no_dist"] = list(nvrx_ipc_fix.prewarm(early).skipped)
@@ -281,7 +282,8 @@ def test_prewarm_setting_values(edges):
 INTERRUPTED = """
     import json, signal, tempfile, time
     import nvrx_ipc_fix
-    from nvrx_ipc_fix import _prewarm, scenario
+    from nvrx_ipc_fix.fixes import prewarm as _prewarm
+    from nvrx_ipc_fix.testing import scenario
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core
     out = {}
     with tempfile.TemporaryDirectory() as d:

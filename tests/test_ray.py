@@ -104,7 +104,7 @@ JOB = """
             seen = {{"pid": os.getpid(), "python": sys.executable,
                      "imported": "nvrx_ipc_fix" in sys.modules}}
             if steps:  # the real NVRx worker, spawned from this actor
-                from nvrx_ipc_fix import scenario
+                from nvrx_ipc_fix.testing import scenario
                 with tempfile.TemporaryDirectory() as d:
                     seen["scenario"] = scenario.run(steps, d, timeout=60, n_tensors=8,
                                                     numel=512)

@@ -72,7 +72,7 @@ def test_two_ranks_release_in_the_same_order(tmp_path):
     steps = ("save,save,save-async,flush,replace,save,terminate,replace,save,"
              "save-async,restart,replace,prewarm,ready,save")
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps, "--rank", str(rank),
+        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps, "--rank", str(rank),
          "--world-size", "2", "--dir", str(tmp_path), "--timeout", "60", "--numel", "512"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         for rank in (0, 1)]
@@ -95,7 +95,7 @@ def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
     result = run_python("""
         import json, tempfile, time
         import nvrx_ipc_fix
-        from nvrx_ipc_fix import scenario
+        from nvrx_ipc_fix.testing import scenario
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
         with tempfile.TemporaryDirectory() as d:
             t = scenario.Trainer(d, 4, 256)
@@ -161,7 +161,7 @@ def test_a_rank_that_releases_alone_is_reported_and_goes_on_once_the_other_final
     later): rank 0 logs one ERROR naming the all-reduce and the rule, then goes on."""
     steps = "save,save-async,flush@0,sleep8@1,finalize,save"
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps, "--rank", str(rank),
+        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps, "--rank", str(rank),
          "--world-size", "2", "--dir", str(tmp_path), "--timeout", "60", "--numel", "512"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
         env=dict(os.environ, NVRX_IPC_FIX_STALL_TIMEOUT="3", NVRX_IPC_FIX_AUTO="0"))

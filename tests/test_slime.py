@@ -24,7 +24,7 @@ SLIME = f"""
     import megatron.training.async_utils as _au
     from megatron.training.global_vars import set_args
     from slime.backends.megatron_utils.actor import MegatronTrainRayActor
-    from nvrx_ipc_fix import scenario as _s
+    from nvrx_ipc_fix.testing import scenario as _s
     set_args(argparse.Namespace(async_save=True))
 
     def _save_model(trainer):

@@ -24,7 +24,8 @@ CONTRACT = r"""
 
     import torch.distributed as dist
 
-    from nvrx_ipc_fix import PersistentAsyncWorkerError, fakecuda, faults, scenario
+    from nvrx_ipc_fix import PersistentAsyncWorkerError
+    from nvrx_ipc_fix.testing import fakecuda, faults, scenario
 
     impl = sys.argv[1]
     core = importlib.import_module(scenario.IMPLS[impl])

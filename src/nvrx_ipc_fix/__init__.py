@@ -9,8 +9,8 @@ and activation imports neither them nor torch.
 
 __version__ = "0.1.0"
 
-from ._lifecycle import activate, deactivate, status  # noqa: E402
-from ._lifecycle import enable as _enable  # noqa: E402
+from .core.lifecycle import activate, deactivate, status  # noqa: E402
+from .core.lifecycle import enable as _enable  # noqa: E402
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
            "prewarm", "PrewarmReport", "CheckpointWorkerError", "PersistentAsyncWorkerError",
@@ -19,11 +19,11 @@ __all__ = ["activate", "deactivate", "status", "release", "offloading", "Release
            "FixStatus",
            "TargetStatus"]
 
-_LAZY = {"State": "_status", "Status": "_status", "FixStatus": "_status",
-         "TargetStatus": "_status", "release": "_release", "offloading": "_release",
-         "ReleaseReport": "_release", "prewarm": "_prewarm", "PrewarmReport": "_prewarm",
-         "CheckpointWorkerError": "_errors", "PersistentAsyncWorkerError": "_errors",
-         "ray_runtime_env": "_ray"}
+_LAZY = {"State": "core.status", "Status": "core.status", "FixStatus": "core.status",
+         "TargetStatus": "core.status", "release": "core.release", "offloading": "core.release",
+         "ReleaseReport": "core.release", "prewarm": "fixes.prewarm", "PrewarmReport": "fixes.prewarm",
+         "CheckpointWorkerError": "core.errors", "PersistentAsyncWorkerError": "core.errors",
+         "ray_runtime_env": "core.ray"}
 
 
 def ray_worker_setup():
@@ -38,7 +38,7 @@ def ray_worker_setup():
     try:
         _enable("ray-hook", claim=True)
     except Exception as exc:  # Ray stops a worker whose setup hook raises
-        from ._log import warn_once
+        from .core.log import warn_once
 
         warn_once("activate", "nvrx_ipc_fix: activation failed, nothing patched: %s", exc)
 
@@ -54,6 +54,6 @@ def __getattr__(name):  # these import dataclasses, enum, logging: load them on 
 try:
     _enable("import")
 except Exception as _exc:  # never break the user's import
-    from ._log import warn_once
+    from .core.log import warn_once
 
     warn_once("activate", "nvrx_ipc_fix: activation failed, nothing patched: %s", _exc)

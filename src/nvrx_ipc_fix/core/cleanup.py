@@ -13,9 +13,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import _stale_guard
-from ._detect import writer_class
-from ._log import logger
+from ..fixes import stale_guard as _stale_guard
+from .detect import writer_class
+from .log import logger
 
 GIB = float(1 << 30)
 #: Trainer-side caches that must be emptied whenever the worker that holds the data goes away.

@@ -43,10 +43,10 @@ import weakref
 from functools import partial
 from queue import Empty
 
-from . import _cleanup, _monitor, _worker
-from ._arguments import flags
-from ._errors import CheckpointWorkerError
-from ._log import hook_failed, logger
+from ..core import cleanup as _cleanup, monitor as _monitor, worker as _worker
+from ..core.arguments import flags
+from ..core.errors import CheckpointWorkerError
+from ..core.log import hook_failed, logger
 
 #: Added to NVRx's "still writing" count by a rank whose worker failed; the all-reduced sum
 #: then tells every rank (up to 2047 failed ranks decode exactly; more still read as failed).
@@ -506,7 +506,7 @@ def _collective(save, alive, failed):
 
     value = int(bool(alive)) + (FAILED if failed else 0)
     tensor = torch.tensor([value], dtype=torch.int, device=torch.cuda.current_device())
-    release = sys.modules.get(f"{__package__}._release")
+    release = sys.modules.get("nvrx_ipc_fix.core.release")
     hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
     with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save #{save}",
                            hint=hint):

@@ -8,7 +8,7 @@ imported, whether the fix applies. Only standard-library names are imported here
 
 import sys
 
-from ._detect import CORE, FS, NVRX_DIST, distribution_version, release_has_cache
+from .detect import CORE, FS, NVRX_DIST, distribution_version, release_has_cache
 
 #: Fix name -> what it does, in one line.
 FIXES = {
@@ -45,7 +45,7 @@ def nvrx_worker_cache(_module):
 
 def release_policy(module):
     """NeMo RL and slime targets: the release policy allows it and NVRx may cache."""
-    from ._config import RELEASE, release_policy
+    from .config import RELEASE, release_policy
 
     if release_policy() == "never":
         return "disabled", f"{RELEASE}=never"
@@ -92,7 +92,7 @@ def persistent_worker(module):
     if _upstream_error(module):  # Megatron-LM PR #6971
         return "fixed_upstream", ("this version raises its own PersistentAsyncWorkerError for "
                                   "a dead worker (Megatron-LM PR #6971)")
-    from ._worker_watch import queue_names
+    from ..fixes.worker_watch import queue_names
 
     if queue_names(caller) is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
@@ -105,7 +105,7 @@ def persistent_worker(module):
 def _upstream_error(module):
     """Does ``module`` define its own ``PersistentAsyncWorkerError`` (not this package's)?"""
     found = vars(module).get("PersistentAsyncWorkerError")
-    return found is not None and getattr(found, "__module__", "") != f"{__package__}._errors"
+    return found is not None and getattr(found, "__module__", "") != f"{__package__}.errors"
 
 
 def warm_up(module):
@@ -118,7 +118,7 @@ def warm_up(module):
             or "_start_worker" not in vars(caller)):
         return "not_applicable", ("this NVRx starts its worker only inside a save (no "
                                   "AsyncCallsQueue.warmup_persistent_caller)")
-    from ._worker_watch import queue_names
+    from ..fixes.worker_watch import queue_names
 
     if queue_names(caller) != ("queue", "preload_q", "comp_q"):
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
@@ -188,7 +188,7 @@ MCORE_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
 
 def _watch(fix, module, applies):
     """The worker-watch targets of one implementation (NVRx core or megatron-core's copy)."""
-    wrapper = "_worker_watch:{}".format
+    wrapper = "fixes.worker_watch:{}".format
     return (
         Target(fix, module, "AsyncCallsQueue.schedule_async_request", wrapper("schedule_wrapper"),
                ("self", "async_request"), applies),
@@ -204,28 +204,28 @@ def _watch(fix, module, applies):
 # The watch's close wrapper comes first, so that it sits under clear_on_close's.
 TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
-           "_worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
+           "fixes.worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
            worker_loop),
 ) + _watch("mcore_worker_watch", MCORE_ASYNC, mcore_persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
-           "_clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
+           "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
     Target("clear_on_close", MEGATRON, "maybe_finalize_async_save",
-           "_clear_on_close:finalize_wrapper", ("blocking", "terminate"),
+           "fixes.clear_on_close:finalize_wrapper", ("blocking", "terminate"),
            nvrx_worker_cache, aliases=True),
     Target("clear_on_close", BRIDGE, "maybe_finalize_async_save",
-           "_clear_on_close:finalize_wrapper", ("global_state", "ckpt_cfg", "blocking",
+           "fixes.clear_on_close:finalize_wrapper", ("global_state", "ckpt_cfg", "blocking",
                                                 "terminate"), nvrx_worker_cache, aliases=True),
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
-           "_stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
+           "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
     # After the watch's schedule wrapper, so that it sits outside it: a prewarmed worker that
     # died unused is let go before the watch would call it "died while idle".
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
-           "_prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
-    Target("prewarm", CORE, "AsyncCallsQueue.__init__", "_prewarm:init_wrapper",
+           "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
+    Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",
            ("self", "persistent"), warm_up),
 ) + tuple(
-    Target("release_on_offload", module, attr, f"_auto_release:{wrapper}", ("self",),
+    Target("release_on_offload", module, attr, f"fixes.release_on_offload:{wrapper}", ("self",),
            release_policy)
     for module, attr, wrapper in (  # offload: storage leaves; onload: the model comes back
         (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit", "offload_wrapper"),

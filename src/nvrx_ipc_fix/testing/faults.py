@@ -1,4 +1,4 @@
-"""Faults for the real checkpoint worker, used by ``nvrx_ipc_fix.scenario`` (tests, demo,
+"""Faults for the real checkpoint worker, used by ``nvrx_ipc_fix.testing.scenario`` (tests, demo,
 GPU benchmark) to show what a dying or stuck worker does to the trainer.
 
 Each is a plain module-level function: pickled by reference in an ``AsyncRequest`` in place

@@ -100,7 +100,7 @@ def configure_logging():
         return
     import logging
 
-    from ._log import logger
+    from .log import logger
 
     if _handler is None:
         _handler = logging.StreamHandler()

@@ -74,6 +74,6 @@ def on_fake_device(tensor):
 
 def mark_queue(queue):
     """Tag ``queue``: its CPU-shm flag only keeps CUDA out of the worker (see module doc)."""
-    from ._release import STAND_IN
+    from ..core.release import STAND_IN
 
     setattr(queue, STAND_IN, True)

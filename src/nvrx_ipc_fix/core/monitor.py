@@ -23,8 +23,8 @@ import time
 from contextlib import contextmanager
 from multiprocessing import connection
 
-from . import _config
-from ._log import logger
+from . import config as _config
+from .log import logger
 
 
 class Wait:

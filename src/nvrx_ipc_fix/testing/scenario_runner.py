@@ -1,4 +1,4 @@
-"""Run ``nvrx_ipc_fix.scenario`` in a fresh interpreter, with or without the package.
+"""Run ``nvrx_ipc_fix.testing.scenario`` in a fresh interpreter, with or without the package.
 
 Imports only the standard library, so the demo and selftest parents stay light.
 """
@@ -17,7 +17,7 @@ def in_subprocess(steps, fix, timeout, tensors=8, numel=4096):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
     if not fix:
         env["NVRX_IPC_FIX_DISABLE"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix.scenario", "--steps", steps,
+    proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps,
                            "--timeout", str(timeout), "--tensors", str(tensors),
                            "--numel", str(numel)], env=env, capture_output=True, text=True,
                           timeout=timeout * 4 + 120, start_new_session=True)

@@ -14,8 +14,8 @@ import os
 import sys
 from _thread import RLock
 
-from . import _config, _hooks
-from ._targets import FIXES, TARGETS
+from . import config as _config, hooks as _hooks
+from .targets import FIXES, TARGETS
 
 _lock = RLock()
 _active = False
@@ -82,7 +82,7 @@ def deactivate():
     """Put back every original we wrapped and stop prewarmed workers no save has used.
     Idempotent. Returns ``status()``."""
     global _active
-    prewarm = sys.modules.get(f"{__package__}._prewarm")
+    prewarm = sys.modules.get("nvrx_ipc_fix.fixes.prewarm")
     if prewarm is not None:
         prewarm.stop_unused()
     with _lock:
@@ -134,12 +134,12 @@ def _patch(target, module):
                 state, reason = "unsupported", f"{target.attr}: {problem}"
             else:
                 _install(target, owner, name, original)
-                from ._log import logger
+                from .log import logger
 
                 logger.info("patched %s: %s", target.name, reason)
         _verdicts[target] = (state, reason)
     except Exception as exc:
-        from ._log import warn_once
+        from .log import warn_once
 
         _verdicts[target] = ("error", f"{type(exc).__name__}: {exc}")
         warn_once(("patch", target.name), "nvrx_ipc_fix: %s left unpatched: %s: %s",
@@ -174,7 +174,7 @@ def _install(target, owner, name, original):
     import wrapt
 
     module_name, function = target.wrapper.split(":")
-    wrapper = getattr(importlib.import_module(f"{__package__}.{module_name}"), function)
+    wrapper = getattr(importlib.import_module(f"nvrx_ipc_fix.{module_name}"), function)
     patch = _Patch(owner, name, original)
     patch.wrapper = wrapt.FunctionWrapper(original, wrapper, patch.is_enabled)
     setattr(owner, name, patch.wrapper)
@@ -200,8 +200,9 @@ def _redirect_aliases(original, wrapper, skip):
 
 def status():
     """A ``Status`` snapshot of this process. Imports nothing that is not imported yet."""
-    from . import __version__, _cleanup, _detect
-    from ._status import PRECEDENCE, FixStatus, State, Status, TargetStatus
+    from .. import __version__
+    from . import cleanup as _cleanup, detect as _detect
+    from .status import PRECEDENCE, FixStatus, State, Status, TargetStatus
 
     with _lock:
         targets = tuple(TargetStatus(t.fix, t.name, *_target_state(t, State)) for t in TARGETS)
@@ -234,8 +235,8 @@ def status():
 
 
 def _target_state(target, State):
-    from . import _detect
-    from ._log import errors
+    from . import detect as _detect
+    from .log import errors
 
     if target.name in errors:
         return State.ERROR, f"hook failed: {errors[target.name]}"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import sys
 import weakref
 
-from ._detect import FS
-from ._log import hook_failed
+from ..core.detect import FS
+from ..core.log import hook_failed
 
 PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 

@@ -1,9 +1,9 @@
 """``python -m nvrx_ipc_fix demo``: the two failures on the real NVRx worker, without and
-with the fix. Each run is a fresh interpreter (``nvrx_ipc_fix.scenario``); "without" sets
+with the fix. Each run is a fresh interpreter (``nvrx_ipc_fix.testing.scenario``); "without" sets
 ``NVRX_IPC_FIX_DISABLE=1``. Uses CUDA when present, else the ``fakecuda`` CPU stand-in.
 """
 
-from .scenario_runner import in_subprocess
+from ..testing.scenario_runner import in_subprocess
 
 CASES = (
     ("storage replaced between saves (model.to('cpu') and back, optimizer offload)",
@@ -31,7 +31,7 @@ def _describe(report):
 
 def run(timeout=30):
     """Print both cases, without and with the fix; exit status 0 when the fix held."""
-    from . import status
+    from .. import status
 
     nvrx = status().nvrx_version
     if nvrx is None:

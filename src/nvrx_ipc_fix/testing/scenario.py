@@ -1,6 +1,6 @@
 """Drive the real NVRx persistent worker through a save lifecycle and report what happened.
 
-``python -m nvrx_ipc_fix.scenario --steps save,save,replace,save`` runs, in this process,
+``python -m nvrx_ipc_fix.testing.scenario --steps save,save,replace,save`` runs, in this process,
 one trainer rank with ``AsyncCallsQueue(persistent=True)`` and
 ``FileSystemWriterAsync(use_cached_data_structure=True)``; it prints one JSON object.
 Steps: ``save`` (write new values into every tensor in place, save, finalize, load the
@@ -18,7 +18,7 @@ would take the next save), ``probe`` (ask the worker
 what it holds: its pid, cached keys and mapped shared-memory segments), ``resources``
 (what this process holds: file descriptors, threads, semaphores), and
 ``fault-<kind>`` or ``fault-<kind>@<rank>`` (a save whose worker fails as
-``nvrx_ipc_fix.faults.KINDS`` says, on every rank or only on ``<rank>``; the others save
+``nvrx_ipc_fix.testing.faults.KINDS`` says, on every rank or only on ``<rank>``; the others save
 normally; the exception each rank saw is reported, and a rank whose save could not be
 handed over then finalizes, as a training loop does, so the failure reaches the others),
 ``fault-<kind>-async`` (the same save, left pending), ``finalize`` (finalize pending
@@ -55,8 +55,8 @@ import time
 from functools import partial
 
 import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
-from nvrx_ipc_fix import faults
-from nvrx_ipc_fix._monitor import stat_fields
+from nvrx_ipc_fix.testing import faults
+from nvrx_ipc_fix.core.monitor import stat_fields
 
 import torch
 import torch.distributed as dist
@@ -177,7 +177,7 @@ class Trainer:
     def worker(self):
         """The worker process that takes the next save, if any: the queue's, else the one
         NVRx's warm-up slot holds for it."""
-        from ._worker_watch import caller_of, process_of
+        from ..fixes.worker_watch import caller_of, process_of
 
         caller = caller_of(self.queue)
         if caller is None and self.impl == "nvrx":
@@ -300,8 +300,8 @@ class Trainer:
         """What the worker holds now (see ``_worker.describe_cache``)."""
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
 
-        from ._release import run_in_worker
-        from ._worker import describe_cache
+        from ..core.release import run_in_worker
+        from ..core.worker import describe_cache
 
         path = os.path.join(self.directory, "probe.json")
         error = run_in_worker(self.queue, describe_cache, (path,), 30)
@@ -447,7 +447,7 @@ def _started(trainer):
 def _ready(trainer):
     """Wait for the prewarmed worker (the scenario's stand-in for the training between
     onload and save); how long it took to start, in the background."""
-    from ._prewarm import wait_ready
+    from ..fixes.prewarm import wait_ready
 
     began = time.monotonic()
     start = wait_ready(trainer.queue)
@@ -597,7 +597,7 @@ class _Watchdog:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m nvrx_ipc_fix.scenario")
+    parser = argparse.ArgumentParser(prog="python -m nvrx_ipc_fix.testing.scenario")
     parser.add_argument("--steps", default="save,save,replace,save")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a save "
                         "counts as hung")

@@ -47,7 +47,7 @@ def _call(hook, module):
     try:
         hook(module)
     except Exception as exc:  # the user's import must not fail because of us
-        from ._log import warn_once
+        from .log import warn_once
 
         warn_once(("import-hook", module.__name__), "nvrx_ipc_fix: hook for %s failed: %s",
                   module.__name__, exc)

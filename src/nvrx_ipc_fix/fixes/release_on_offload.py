@@ -23,9 +23,9 @@ grads or optimizer off) start the next worker in the background once they return
 
 import sys
 
-from . import _config
-from ._detect import CORE
-from ._log import hook_failed
+from ..core import config as _config
+from ..core.detect import CORE
+from ..core.log import hook_failed
 
 #: NeMo RL methods that run ``finalize_async_save()`` first (PR #3322).
 _SELF_RELEASING = ("offload_before_refit", "offload_after_refit")
@@ -66,7 +66,7 @@ def _after(wrapped, instance):
     """With ``restart``: the model is back, start the next worker (``prewarm``)."""
     try:
         if _config.release_policy() != "never" and _config.auto_strategy() == "restart":
-            from ._prewarm import prewarm
+            from .prewarm import prewarm
 
             prewarm()
     except Exception as exc:
@@ -82,8 +82,8 @@ def after_finalize(blocking, terminate):
 def release_if_needed(strategy=None):
     """``release()`` when a queue may hold IPC handles it took since its last release; with
     ``restart`` also when such a queue has any worker, or one waits for its first save."""
-    from ._prewarm import idle
-    from ._release import has_live_worker, holds_ipc, release, saved_since_release
+    from .prewarm import idle
+    from ..core.release import has_live_worker, holds_ipc, release, saved_since_release
 
     queues = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)  # None while importing
     if queues is None:

@@ -7,7 +7,7 @@ checkpoint holds the saved values. Without CUDA it runs the same on the CPU stan
 where memory cannot be measured, and says so.
 """
 
-from .scenario_runner import in_subprocess
+from ..testing.scenario_runner import in_subprocess
 
 MIB = 1 << 20
 TENSORS, NUMEL = 8, (256 * MIB // 4) // 8
@@ -16,7 +16,7 @@ TENSORS, NUMEL = 8, (256 * MIB // 4) // 8
 def run(timeout=120):
     """Print the comparison; exit status 0 when the package freed the memory and nothing
     was stale or hung."""
-    from . import status
+    from .. import status
 
     if status().nvrx_version is None:
         print("nvidia-resiliency-ext is not installed: nothing to test.")

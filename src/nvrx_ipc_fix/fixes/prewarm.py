@@ -44,11 +44,11 @@ import weakref
 from dataclasses import dataclass
 from queue import Empty
 
-from . import _cleanup, _config, _monitor
-from ._detect import CORE, FS
-from ._log import hook_failed, logger
-from ._worker import take_file, warm_up
-from ._worker_watch import SENTINEL, abandon, describe_exit
+from ..core import cleanup as _cleanup, config as _config, monitor as _monitor
+from ..core.detect import CORE, FS
+from ..core.log import hook_failed, logger
+from ..core.worker import take_file, warm_up
+from .worker_watch import SENTINEL, abandon, describe_exit
 
 SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
 INIT_TARGET = f"{CORE}:AsyncCallsQueue.__init__"
@@ -257,8 +257,8 @@ def _unavailable(core):
     """Why nothing can be prewarmed in this process, or None."""
     if core is None or not hasattr(core, "AsyncCallsQueue"):
         return "NVRx is not imported"
-    from ._lifecycle import installed
-    from ._targets import warm_up
+    from ..core.lifecycle import installed
+    from ..core.targets import warm_up
 
     state, reason = warm_up(core)  # the target table's check of this NVRx
     if state != "active":
@@ -356,7 +356,7 @@ def _start(queue, core, rank, slot):
 def _save_modules():
     """What a save's request makes the worker import: NVRx's writer (its preload and write
     functions), and the CPU stand-in's tensor class where it is in use."""
-    return [FS] + [name for name in (f"{__package__}.fakecuda",) if name in sys.modules]
+    return [FS] + [name for name in ("nvrx_ipc_fix.testing.fakecuda",) if name in sys.modules]
 
 
 def _await_ready(caller, start):

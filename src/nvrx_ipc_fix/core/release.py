@@ -24,9 +24,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from queue import Empty
 
-from . import _cleanup, _config, _prewarm
-from ._detect import CORE
-from ._log import logger
+from . import cleanup as _cleanup, config as _config
+from ..fixes import prewarm as _prewarm
+from .detect import CORE
+from .log import logger
 
 STRATEGIES = ("flush", "terminate", "restart")
 
@@ -165,7 +166,7 @@ def _release(queue, strategy, timeout):
             q.close()
             terminated = True
         else:
-            from ._worker import drop_cache
+            from .worker import drop_cache
 
             error = run_in_worker(q, drop_cache, (), timeout)
             if error:
@@ -182,7 +183,7 @@ def _release(queue, strategy, timeout):
     report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,
                            terminated, keys, tuple(skipped), "; ".join(errors) or None, pin)
     if report.error:
-        from ._log import warn_once
+        from .log import warn_once
 
         warn_once(("release", report.error), "nvrx_ipc_fix: release: %s", report.error)
     if released:
@@ -200,7 +201,7 @@ def run_in_worker(queue, function, args, timeout):
     an interrupt here), the worker's state is unknown and a late answer could be taken for
     a save's: the worker is aborted (or, dead, let go) and the next save starts a fresh one.
     """
-    from ._worker_watch import SENTINEL, abandon, forget_caller, process_of
+    from ..fixes.worker_watch import SENTINEL, abandon, forget_caller, process_of
 
     caller = queue.persistent_caller
     core = sys.modules[type(caller).__module__]
@@ -221,7 +222,7 @@ def run_in_worker(queue, function, args, timeout):
 
 def _answer(caller, process, timeout):
     """Wait for the worker's answer to our request: ``(error or None, answered)``."""
-    from ._worker_watch import SENTINEL, describe_exit
+    from ..fixes.worker_watch import SENTINEL, describe_exit
 
     deadline = time.monotonic() + timeout
     while True:

@@ -15,7 +15,7 @@ import os
 import shutil
 from importlib import metadata
 
-from ._sitecustomize import MARKER, install
+from .sitecustomize import MARKER, install
 
 DEPS_DIR = "_nvrx_ipc_fix_deps"
 #: Distributions copied into DEPS_DIR; wrapt is required (it does the patching).
@@ -35,7 +35,7 @@ def bundle(directory):
     if os.path.isdir(target) and os.listdir(target) and not _is_bundle(target):
         return 1, (f"{target} is not empty and holds no bundle of nvrx-ipc-fix; not touched. "
                    "Use a new directory.")
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # cli/..
     startup = importlib.util.find_spec(STARTUP)
     if os.path.dirname(package) == target:
         return 1, f"{target} is where this copy of nvrx-ipc-fix runs from; not touched."

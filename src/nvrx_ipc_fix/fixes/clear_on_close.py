@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 
-from ._arguments import flags
-from ._auto_release import after_finalize
-from ._cleanup import cached_key_count, clear_trainer_caches, device_free_bytes
-from ._detect import CORE
-from ._log import hook_failed
+from ..core.arguments import flags
+from .release_on_offload import after_finalize
+from ..core.cleanup import cached_key_count, clear_trainer_caches, device_free_bytes
+from ..core.detect import CORE
+from ..core.log import hook_failed
 
 CLOSE_TARGET = f"{CORE}:PersistentAsyncCaller.close"
 

@@ -18,8 +18,8 @@ import site
 import subprocess
 import sys
 
-from . import _config, _detect
-from ._targets import FIXES
+from ..core import config as _config, detect as _detect
+from ..core.targets import FIXES
 
 PTH = "nvrx_ipc_fix.pth"
 FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "pending": "info",

@@ -1,0 +1,1 @@
+"""``python -m nvrx_ipc_fix``: the command line (``main``) and its sub-commands."""

@@ -1,0 +1,96 @@
+"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``doctor [--python PATH]``,
+``install-sitecustomize DIR``, ``bundle DIR``, ``demo`` and ``selftest``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+from ..core.detect import CORE, FS, NVRX_DIST, distribution_version
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nvrx_ipc_fix",
+                                     description="Show what nvrx-ipc-fix does in this environment.")
+    sub = parser.add_subparsers(dest="command")
+    show = sub.add_parser("status", help="print the status (the default)")
+    for p in (parser, show):
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--no-import", action="store_true",
+                       help="do not import NVRx first (targets stay 'pending')")
+    doctor = sub.add_parser("doctor", help="check that processes started like this one get "
+                                           "the fix; exit 1 if an affected NVRx is installed "
+                                           "and they do not")
+    doctor.add_argument("--python", metavar="PATH",
+                        help="check processes of that interpreter instead (a Ray "
+                             "py_executable, a NeMo RL actor venv's bin/python), started with "
+                             "this environment; exit 2 if it cannot be run")
+    site = sub.add_parser("install-sitecustomize",
+                          help="write DIR/sitecustomize.py that activates the package at "
+                               "start-up (where .pth files are not read)")
+    site.add_argument("directory", metavar="DIR", help="a directory early on sys.path, e.g. "
+                                                       "the PYTHONPATH entry of the install")
+    pack = sub.add_parser("bundle", help="copy the package, its dependencies and a "
+                                         "sitecustomize into DIR, for PYTHONPATH (NeMo RL's "
+                                         "actor environments)")
+    pack.add_argument("directory", metavar="DIR", help="a new or empty directory, or a "
+                                                       "bundle to refresh")
+    sub.add_parser("demo", help="run the NVRx worker through the failures, "
+                                "without and with the fix")
+    sub.add_parser("selftest", help="check the fix on this node (GPU memory, next-save time, "
+                                    "correctness), without and with the package")
+    args = parser.parse_args(argv)
+    if args.command in ("demo", "selftest"):
+        return importlib.import_module(f".{args.command}", __package__).run()
+    if args.command in ("install-sitecustomize", "bundle"):
+        from .bundle import bundle
+        from .sitecustomize import install
+
+        code, message = (install if args.command == "install-sitecustomize" else bundle)(
+            args.directory)
+        print(message, file=sys.stderr if code else sys.stdout)
+        return code
+    if args.command == "doctor":
+        from .doctor import run, run_with
+
+        if args.python is not None:
+            return run_with(args.python)
+        _import_nvrx()
+        return run()
+    return _show(args.json, args.no_import)
+
+
+def _run(argv=None):
+    """``main()``, quiet when the reader of stdout goes away (``| head``)."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        code = 141  # 128 + SIGPIPE, as a shell reports a pipe's writer that the reader left
+    return code
+
+
+def _import_nvrx():
+    """Import NVRx, if installed, so that the hooks fire and the probes can look."""
+    if distribution_version(NVRX_DIST):
+        for name in (CORE, FS):
+            try:
+                importlib.import_module(name)
+            except Exception as exc:
+                print(f"note: could not import {name}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
+
+
+def _show(as_json: bool, no_import: bool) -> int:
+    import nvrx_ipc_fix
+
+    if not no_import:
+        _import_nvrx()
+    snapshot = nvrx_ipc_fix.status()
+    print(json.dumps(snapshot.to_dict(), indent=2) if as_json else snapshot.table())
+    return 0
+
