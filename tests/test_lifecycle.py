@@ -159,3 +159,19 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
         "stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
     assert seen["close"]["depth"] == (int("worker_watch" not in names)
                                       + int("clear_on_close" not in names and expect("cache")))
+
+
+def test_activation_and_patching_import_nothing_of_the_harness_or_the_cli():
+    """``import nvrx_ipc_fix`` and NVRx's import (every fix patched) load the core and the
+    fixes only: never ``nvrx_ipc_fix.testing`` (torch at its top) nor ``nvrx_ipc_fix.cli``."""
+    loaded = run_python("""
+        import json, sys
+        import nvrx_ipc_fix
+        import nvidia_resiliency_ext.checkpointing.async_ckpt.core
+        import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async
+        nvrx_ipc_fix.status()
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith("nvrx_ipc_fix"))))
+    """)
+    rooms = {name.split(".")[1] for name in loaded if name.count(".")}
+    assert "nvrx_ipc_fix.core.lifecycle" in loaded
+    assert rooms <= {"core", "fixes"}, loaded
