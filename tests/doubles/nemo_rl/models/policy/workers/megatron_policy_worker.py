@@ -17,21 +17,14 @@ tensor caches. ``move_model``/``move_optimizer`` come from the test (new storage
 
 import torch
 from megatron.bridge.training.checkpointing import maybe_finalize_async_save
+from nemo_rl.models.moving import Moving
 from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
     FileSystemWriterAsync,
 )
 
 
-class MegatronPolicyWorkerImpl:
+class MegatronPolicyWorkerImpl(Moving):
     _async_checkpoint_cuda_cache_active = False
-
-    def _move(self, device, params=True, grads=True, optimizer=None):
-        """``optimizer``: also move the optimizer (True), or if that flag is set (a name)."""
-        self.model = self.move_model(self.model, device, move_params=params, move_grads=grads)
-        if (optimizer and getattr(self, "optimizer", None) is not None
-                and not self.optimizer_cpu_offload
-                and (optimizer is True or getattr(self, optimizer))):
-            self.move_optimizer(device)
 
     def offload_before_refit(self):
         self.finalize_async_save()

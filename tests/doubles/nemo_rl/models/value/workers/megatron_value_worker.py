@@ -6,17 +6,10 @@ finalizes a save first; ``prepare_for_inference`` brings the model back and move
 optimizer off; ``prepare_for_training`` moves model and optimizer back.
 ``move_model``/``move_optimizer`` come from the test (new storage)."""
 
+from nemo_rl.models.moving import Moving
 
 
-class MegatronValueWorkerImpl:
-    def _move(self, device, params=True, grads=True, optimizer=None):
-        """``optimizer``: also move the optimizer (True), or if that flag is set (a name)."""
-        self.model = self.move_model(self.model, device, move_params=params, move_grads=grads)
-        if (optimizer and getattr(self, "optimizer", None) is not None
-                and not self.optimizer_cpu_offload
-                and (optimizer is True or getattr(self, optimizer))):
-            self.move_optimizer(device)
-
+class MegatronValueWorkerImpl(Moving):
     def prepare_for_training(self):
         self._move("cuda", optimizer=True)
 
