@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from conftest import expect, needs_cache, needs_nvrx, run_process, run_python
+from conftest import (NVRX, expect, lacks, needs_cache, needs_nvrx, needs_warmup, run_process,
+                      run_python)
 
 NAN, INF = "nan", "inf"
 
@@ -299,3 +300,14 @@ def test_install_sitecustomize_at_odd_paths(tmp_path, directory, code, words):
                                 directory])
     assert rc == code, out + err
     assert words in out + err and "Traceback" not in err
+
+
+def test_skip_reasons_say_when_nvrx_is_not_installed():
+    """Not "NVRx None has no IPC cache" in the nonvrx env."""
+    assert lacks("has no IPC cache", nvrx="0.4.1") == "NVRx 0.4.1 has no IPC cache"
+    assert "nvidia-resiliency-ext is not installed" in lacks("has no IPC cache", nvrx=None)
+    for mark in (needs_cache, needs_warmup, needs_nvrx):
+        reason = mark.kwargs["reason"]
+        assert "None" not in reason, reason
+        if NVRX is None:
+            assert "nvidia-resiliency-ext is not installed" in reason, reason
