@@ -7,7 +7,7 @@ import sys
 import sysconfig
 from importlib.util import find_spec
 
-from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process
+from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process, run_python
 
 
 def cli(*args):
@@ -57,6 +57,27 @@ def test_disabled_says_so():
     status = json.loads(out)
     assert not status["activated"]
     assert {f["state"] for f in status["fixes"]} == {"disabled"}
+
+
+def test_a_kill_switch_value_it_does_not_understand_is_named_as_set():
+    """``NVRX_IPC_FIX_DISABLE=maybe`` turns the package off; status and doctor say 'maybe'."""
+    seen = run_python("""
+        import json, warnings
+        warnings.simplefilter("ignore")
+        import nvrx_ipc_fix
+        from nvrx_ipc_fix import _doctor
+        lines = []
+        _doctor.run(out=lines.append)
+        print(json.dumps({"reasons": sorted({f.reason for f in nvrx_ipc_fix.status().fixes}),
+                          "doctor": lines}))
+    """, env={"NVRX_IPC_FIX_DISABLE": " Maybe"})
+    assert seen["reasons"] == ["NVRX_IPC_FIX_DISABLE=' Maybe': not understood, so the whole "
+                               "package is off"]
+    fixes = [line for line in seen["doctor"] if " fix " in line]
+    assert fixes and all("' Maybe'" in line and "=1" not in line for line in fixes), fixes
+    assert any(line.endswith("NVRX_IPC_FIX_DISABLE: ' Maybe': the package is off (a value the "
+                             "kill switch does not understand turns it off)")
+               for line in seen["doctor"]), seen["doctor"]
 
 
 @pth_installed

@@ -79,6 +79,14 @@ def disabled_fixes(known):
     return frozenset(names)
 
 
+def off_reason():
+    """Why ``disabled_fixes()`` turned the whole package off, naming the value as it is set."""
+    raw = os.environ.get(DISABLE, "")
+    if raw.strip().lower() in _TRUE:
+        return f"{DISABLE}={raw.strip()}"
+    return f"{DISABLE}={raw!r}: not understood, so the whole package is off"
+
+
 def auto():
     """Whether start-up activation is on (``NVRX_IPC_FIX_AUTO``)."""
     raw = os.environ.get(AUTO, "").strip().lower()

@@ -133,7 +133,9 @@ def _sitecustomize(ran):
 def _switches():
     disabled, raw = _config.disabled_fixes(tuple(FIXES)), os.environ.get(_config.DISABLE, "")
     if disabled is None:
-        yield "fail", _config.DISABLE, f"{raw!r}: the package is off"
+        understood = raw.strip().lower() in _config._TRUE
+        yield "fail", _config.DISABLE, f"{raw!r}: the package is off" + (
+            "" if understood else " (a value the kill switch does not understand turns it off)")
     elif disabled:
         yield "warn", _config.DISABLE, f"{raw!r}: {', '.join(sorted(disabled))} off"
     else:
