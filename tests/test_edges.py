@@ -311,3 +311,40 @@ def test_skip_reasons_say_when_nvrx_is_not_installed():
         assert "None" not in reason, reason
         if NVRX is None:
             assert "nvidia-resiliency-ext is not installed" in reason, reason
+
+
+WARNS_AT = """
+import json, os, sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import nvrx_ipc_fix  # LINE import
+    os.environ.update(NVRX_IPC_FIX_STRATEGY="nuke", NVRX_IPC_FIX_RELEASE_TIMEOUT="0")
+    nvrx_ipc_fix.release()  # LINE release
+    if sys.argv[1] == "queue":
+        os.environ["NVRX_IPC_FIX_PREWARM"] = "maybe"
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+        queue = core.AsyncCallsQueue(persistent=True)  # LINE queue
+        queue.close()
+print(json.dumps([[w.filename, w.lineno, str(w.message)] for w in caught]))
+"""
+
+
+def test_a_warning_names_the_callers_line_not_ours(tmp_path):
+    """The RuntimeWarning for a setting is attributed to the user's line that read it:
+    ``import nvrx_ipc_fix``, ``release()``, and a queue whose patched ``__init__`` reads one."""
+    script = tmp_path / "train.py"
+    script.write_text(WARNS_AT)
+    lines = {line.rsplit("# LINE ", 1)[1]: number
+             for number, line in enumerate(WARNS_AT.splitlines(), 1) if "# LINE " in line}
+    queue = NVRX is not None and expect("warmup")
+    rc, out, err = run_process([sys.executable, str(script), "queue" if queue else "-"],
+                               env={"NVRX_IPC_FIX_LOG_LEVEL": "loud"})
+    assert rc == 0, err
+    caught = json.loads(out.strip().splitlines()[-1])
+    wanted = {"NVRX_IPC_FIX_LOG_LEVEL": "import", "NVRX_IPC_FIX_STRATEGY": "release",
+              "NVRX_IPC_FIX_RELEASE_TIMEOUT": "release"}
+    if queue:
+        wanted["NVRX_IPC_FIX_PREWARM"] = "queue"
+    seen = {message.split()[1].split("=")[0]: (filename, number)
+            for filename, number, message in caught}
+    assert seen == {name: (str(script), lines[where]) for name, where in wanted.items()}

@@ -60,7 +60,48 @@ def _invalid(name, raw, why):
         _warned.add((name, raw))
         import warnings
 
-        warnings.warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", RuntimeWarning,
+                      stacklevel=_caller_level())
+
+
+#: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
+#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass).
+_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron")
+
+
+def _ours(filename):
+    """Is ``filename`` this package, its start-up module, or one of ``_PAST``?"""
+    import sys
+
+    roots = [os.path.dirname(__file__)]
+    for name in _PAST:
+        roots += list(getattr(sys.modules.get(name), "__path__", None) or ())
+    return (os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.")
+            or any(isinstance(root, str) and filename.startswith(os.path.join(root, ""))
+                   for root in roots))
+
+
+def _caller_level():
+    """``warnings.warn``'s ``stacklevel`` for the first frame outside this package (and
+    ``_PAST``), so that a warning names the user's line (``import nvrx_ipc_fix``,
+    ``release()``, the call into NVRx), whichever of our functions read the setting. Counted as ``warnings`` counts: frames of
+    importlib's bootstrap are skipped and not counted. 2 where the stack cannot be read."""
+    import sys
+
+    def internal(frame):
+        name = frame.f_code.co_filename
+        return "importlib" in name and "_bootstrap" in name
+
+    try:
+        frame, level = sys._getframe(2), 2  # 1: _invalid, which calls warnings.warn
+        while frame is not None and _ours(frame.f_code.co_filename):
+            frame = frame.f_back
+            while frame is not None and internal(frame):
+                frame = frame.f_back
+            level += 1
+        return level
+    except Exception:  # no frames (another Python): the caller of the reader
+        return 2
 
 
 def disabled_fixes(known):
