@@ -348,3 +348,55 @@ def test_a_warning_names_the_callers_line_not_ours(tmp_path):
     seen = {message.split()[1].split("=")[0]: (filename, number)
             for filename, number, message in caught}
     assert seen == {name: (str(script), lines[where]) for name, where in wanted.items()}
+
+
+RAY_ENVS = """
+    import json, nvrx_ipc_fix
+    out = {}
+    for label, given in [("'bad'", "'bad'"), ("123", "123"), ("[]", "[]"), ("b'x'", "b'x'"),
+                         ("env_vars list", "{'env_vars': ['A=1']}"),
+                         ("env_vars str", "{'env_vars': 'A=1'}"),
+                         ("env_vars int value", "{'env_vars': {'A': 1}}"),
+                         ("env_vars int key", "{'env_vars': {1: 'a'}}"),
+                         ("hook ''", "{'worker_process_setup_hook': ''}"),
+                         ("hook ' '", "{'worker_process_setup_hook': ' '}"),
+                         ("hook 'setup'", "{'worker_process_setup_hook': 'setup'}"),
+                         ("hook 'a..b'", "{'worker_process_setup_hook': 'a..b'}"),
+                         ("hook 1", "{'worker_process_setup_hook': 1}")]:
+        try:
+            nvrx_ipc_fix.ray_runtime_env(eval(given))
+            out[label] = "accepted"
+        except Exception as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+    twice = nvrx_ipc_fix.ray_runtime_env(nvrx_ipc_fix.ray_runtime_env())
+    string = nvrx_ipc_fix.ray_runtime_env(
+        {"worker_process_setup_hook": "nvrx_ipc_fix.ray_worker_setup"})
+    kept = [sorted(nvrx_ipc_fix.ray_runtime_env(given)) for given in (
+        None, {}, {"env_vars": None}, {"worker_process_setup_hook": None},
+        {"worker_process_setup_hook": "their_module.setup"})]
+    out["ours once"] = [env["worker_process_setup_hook"].__closure__[0].cell_contents
+                        for env in (twice, string)]
+    out["kept"] = kept
+    print(json.dumps(out))
+"""
+
+
+def test_ray_runtime_env_rejects_what_ray_cannot_take_naming_the_argument():
+    seen = run_python(RAY_ENVS, env={"NVRX_IPC_FIX_STRATEGY": "flush"})
+    for label in ("'bad'", "123", "[]", "b'x'"):
+        assert seen.pop(label).startswith("TypeError: runtime_env must be a dict (Ray's "
+                                          "runtime_env) or None, not "), label
+    for label in ("env_vars list", "env_vars str"):
+        assert seen.pop(label).startswith(
+            "TypeError: runtime_env['env_vars'] must be a dict of str to str or None"), label
+    assert seen.pop("env_vars int value") == ("TypeError: runtime_env['env_vars'] must map str "
+                                              "to str (Ray's rule); 'A': 1 is not")
+    assert seen.pop("env_vars int key").startswith("TypeError: runtime_env['env_vars'] must map")
+    for label, value in (("hook ''", "''"), ("hook ' '", "' '"), ("hook 'setup'", "'setup'"),
+                         ("hook 'a..b'", "'a..b'")):
+        assert seen.pop(label) == ("ValueError: worker_process_setup_hook must be a callable or "
+                                   f"a 'module.function' string, not {value}"), label
+    assert seen.pop("hook 1").startswith("TypeError: worker_process_setup_hook must be")
+    assert seen.pop("ours once") == [None, None]  # not chained to itself
+    assert seen.pop("kept") == [["env_vars", "worker_process_setup_hook"]] * 5
+    assert seen == {}
