@@ -4,6 +4,8 @@ called from another thread, and the public functions while another thread import
 each with its expected outcome, and what it leaves behind lets the next save succeed."""
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -287,8 +289,8 @@ def test_public_functions_while_another_thread_imports_nvrx():
     ("/proc/nvrx-ipc-fix-test", 1, "cannot write"),
     ("/etc/hostname", 1, "is not a directory"),
     ("/dev/null", 1, "is not a directory"),
-    ("", 1, "DIR is empty"),
-    ("   ", 1, "DIR is empty"),
+    ("", 2, "DIR is empty"),
+    ("   ", 2, "DIR is empty"),
     ("{tmp}/odd dir é\tx", 0, "wrote"),
     ("{tmp}/a/b/c", 0, "wrote"),  # made
     ("{tmp}/dir-named-sitecustomize", 1, "Is a directory"),
@@ -400,3 +402,15 @@ def test_ray_runtime_env_rejects_what_ray_cannot_take_naming_the_argument():
     assert seen.pop("ours once") == [None, None]  # not chained to itself
     assert seen.pop("kept") == [["env_vars", "worker_process_setup_hook"]] * 5
     assert seen == {}
+
+
+@pytest.mark.parametrize("command", ["bundle", "install-sitecustomize"])
+def test_an_empty_dir_is_a_usage_error_and_writes_nothing(tmp_path, command):
+    """``bundle ""`` used to write the bundle into the current directory."""
+    for directory in ("", " \t"):
+        proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix", command, directory],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in os.environ.items()
+                                   if not k.startswith("NVRX_IPC_FIX_")})
+        assert proc.returncode == 2 and "DIR is empty" in proc.stderr, proc
+        assert list(tmp_path.iterdir()) == []
