@@ -121,3 +121,25 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+#: Stands in for ``python2.7``: runs ``-c CODE`` with Python 2.7's version and without the
+#: ``importlib.util`` and ``importlib.metadata`` that Python 2 lacks.
+PYTHON27 = """#!/bin/sh
+exec {python} -c "import sys; sys.version_info = (2, 7, 18, 'final', 0); \\
+sys.version = '2.7.18 (default, Apr 20 2020, 00:00:00)'; sys.executable = '$0'; \\
+sys.modules['importlib.util'] = sys.modules['importlib.metadata'] = None; \\
+exec(sys.argv[1])" "$2"
+"""
+
+
+def test_doctor_python_names_an_interpreter_too_old_for_the_package(tmp_path):
+    fake = tmp_path / "python2.7"
+    fake.write_text(PYTHON27.format(python=sys.executable))
+    fake.chmod(0o755)
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor", "--python",
+                                str(fake)])
+    assert rc == 2, out + err
+    assert out.splitlines() == [
+        f"FAIL  python: {fake} is Python 2.7.18: nvrx-ipc-fix needs Python >= 3.10",
+        "result: not checked: point --python at the interpreter your processes run"]

@@ -26,8 +26,17 @@ FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "p
               "disabled": "warn", "unsupported": "warn", "error": "warn"}
 OTHER_WAYS = ("`import nvrx_ipc_fix` first in each entry point; for Ray workers "
               "ray.init(runtime_env=nvrx_ipc_fix.ray_runtime_env())")
-#: Run by ``doctor --python`` first: standard library only, as the package may be missing there.
-PROBE = """import importlib.util, json, sys
+#: The oldest Python the package runs on (pyproject's requires-python).
+MIN_PYTHON = (3, 10)
+#: Run by ``doctor --python`` first: standard library only, as the package may be missing
+#: there, and Python 2 syntax before the version check, so that an old interpreter says what
+#: it is instead of failing.
+PROBE = """import json, sys
+if sys.version_info[:2] < (%d, %d):
+    print(json.dumps({"python": sys.executable, "version": sys.version.split()[0],
+                      "nvrx": None, "importable": False, "too_old": True}))
+    sys.exit(0)
+import importlib.util
 from importlib import metadata
 try:
     nvrx = metadata.version("nvidia-resiliency-ext")
@@ -35,7 +44,7 @@ except Exception:
     nvrx = None
 print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "nvrx": nvrx,
                   "importable": importlib.util.find_spec("nvrx_ipc_fix") is not None}))
-"""
+""" % MIN_PYTHON
 
 
 def run(out=print):
@@ -183,6 +192,11 @@ def run_with(python, out=print, timeout=300):
         if not (isinstance(found, dict) and keys <= set(found)):
             raise ValueError(" ".join([f"exit {probe.returncode}, no probe result",
                                        *probe.stderr.strip().splitlines()[-1:]]))
+        if found.get("too_old"):
+            out(f"FAIL  python: {found['python']} is Python {found['version']}: nvrx-ipc-fix "
+                f"needs Python >= {'.'.join(map(str, MIN_PYTHON))}")
+            out("result: not checked: point --python at the interpreter your processes run")
+            return 2
         if found["importable"]:
             checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor"],
                                      capture_output=True, text=True, timeout=timeout)
