@@ -29,8 +29,9 @@ def ray_runtime_env(runtime_env=None):
     errors are Ray's as before; this package's own hook (``ray_runtime_env`` applied twice,
     or the string ``"nvrx_ipc_fix.ray_worker_setup"``) is not run twice. ``TypeError`` or
     ``ValueError`` for what Ray cannot take: a ``runtime_env`` that is not a dict or ``None``,
-    ``env_vars`` that do not map ``str`` to ``str``, a hook string that is not dotted. Ray takes the hook from the job's ``runtime_env`` only
-    (``ray.init``, job submission), not from an actor's or a task's options.
+    ``env_vars`` that do not map ``str`` to ``str``, a hook string that is not dotted.
+    Ray takes the hook from the job's ``runtime_env`` only (``ray.init``, job submission),
+    not from an actor's or a task's options.
     """
     if runtime_env is not None and not isinstance(runtime_env, Mapping):
         raise TypeError(f"runtime_env must be a dict (Ray's runtime_env) or None, not "
