@@ -28,7 +28,7 @@ from . import _cleanup, _config, _prewarm
 from ._detect import CORE
 from ._log import logger
 
-STRATEGIES = ("flush", "terminate", "restart")
+STRATEGIES = _config.STRATEGIES
 
 
 @dataclass(frozen=True)
