@@ -5,8 +5,10 @@ each with its expected outcome, and what it leaves behind lets the next save suc
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -414,3 +416,31 @@ def test_an_empty_dir_is_a_usage_error_and_writes_nothing(tmp_path, command):
                                    if not k.startswith("NVRX_IPC_FIX_")})
         assert proc.returncode == 2 and "DIR is empty" in proc.stderr, proc
         assert list(tmp_path.iterdir()) == []
+
+
+KILLED_CHILD = """
+    import json, os, sys, tempfile
+    from nvrx_ipc_fix.scenario_runner import run_child
+    child = ("import multiprocessing.util, tempfile, time; tempfile.mkdtemp(prefix='x-'); "
+             "multiprocessing.util.get_temp_dir(); print('made', flush=True); time.sleep(60)")
+    out = {}
+    for name, code, backstop in (("killed", child, 8), ("ends", child.replace("60", "0"), 60)):
+        try:
+            out[name] = run_child([sys.executable, "-c", code], dict(os.environ), backstop)[1]
+        except RuntimeError as exc:
+            out[name] = str(exc)
+    print(json.dumps(out))
+"""
+
+
+def test_the_demo_runner_removes_its_childs_temp_directory_however_it_ends():
+    """The demo's and selftest's runner gives each scenario a TMPDIR of its own and removes
+    it after, also when the child is killed at the backstop with what it started."""
+    tmp = tempfile.mkdtemp(prefix="nvrx-test-")  # short enough for a TMPDIR below it (fits)
+    try:
+        seen = run_python(KILLED_CHILD, env={"TMPDIR": tmp}, timeout=120)
+        assert seen == {"killed": "scenario still running after 8 s: stopped it and the "
+                                  "processes it started", "ends": "made\n"}
+        assert os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
