@@ -4,6 +4,8 @@ Values are read when they are needed, so a launcher or a test can change them be
 activations. Case and surrounding blanks do not matter. An invalid value gives one
 ``RuntimeWarning`` (shown on stderr by default, unlike our logger) and the default, except
 for the two switches, where a value that is not understood turns the thing off.
+``SETTINGS`` lists every variable with its parser, which reports a value it does not
+understand without warning: ``python -m nvrx_ipc_fix doctor`` checks each.
 """
 
 import os
