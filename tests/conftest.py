@@ -43,12 +43,19 @@ try:
 except metadata.PackageNotFoundError:
     MCORE = None
 
-needs_nvrx = pytest.mark.skipif(NVRX is None, reason="nvidia-resiliency-ext is not installed "
-                                "in this tox env (the nonvrx env)")
+NO_NVRX = "nvidia-resiliency-ext is not installed in this tox env (the nonvrx env)"
+
+
+def lacks(what, nvrx=NVRX):
+    """A skip reason: ``NVRx <version> <what>``, or that NVRx is not installed at all."""
+    return NO_NVRX if nvrx is None else f"NVRx {nvrx} {what}"
+
+
+needs_nvrx = pytest.mark.skipif(NVRX is None, reason=NO_NVRX)
 needs_cache = pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("cache"),
-                                 reason=f"NVRx {NVRX} has no IPC cache")
+                                 reason=lacks("has no IPC cache"))
 needs_warmup = pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("warmup"),
-                                  reason=f"NVRx {NVRX} starts its worker only inside a save")
+                                  reason=lacks("starts its worker only inside a save"))
 #: Is the package installed here with its .pth (tox installs the wheel), so that every
 #: process started from this interpreter, NVRx's spawned worker too, can activate it?
 PTH = Path(sysconfig.get_paths()["purelib"], "nvrx_ipc_fix.pth").exists()

@@ -2,12 +2,15 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
+import textwrap
 from importlib.util import find_spec
+from pathlib import Path
 
-from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process
+from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process, run_python
 
 
 def cli(*args):
@@ -59,6 +62,27 @@ def test_disabled_says_so():
     assert {f["state"] for f in status["fixes"]} == {"disabled"}
 
 
+def test_a_kill_switch_value_it_does_not_understand_is_named_as_set():
+    """``NVRX_IPC_FIX_DISABLE=maybe`` turns the package off; status and doctor say 'maybe'."""
+    seen = run_python("""
+        import json, warnings
+        warnings.simplefilter("ignore")
+        import nvrx_ipc_fix
+        from nvrx_ipc_fix.cli import doctor as _doctor
+        lines = []
+        _doctor.run(out=lines.append)
+        print(json.dumps({"reasons": sorted({f.reason for f in nvrx_ipc_fix.status().fixes}),
+                          "doctor": lines}))
+    """, env={"NVRX_IPC_FIX_DISABLE": " Maybe"})
+    assert seen["reasons"] == ["NVRX_IPC_FIX_DISABLE=' Maybe': not understood, so the whole "
+                               "package is off"]
+    fixes = [line for line in seen["doctor"] if " fix " in line]
+    assert fixes and all("' Maybe'" in line and "=1" not in line for line in fixes), fixes
+    assert any(line.endswith("NVRX_IPC_FIX_DISABLE: ' Maybe': the package is off (a value the "
+                             "kill switch does not understand turns it off)")
+               for line in seen["doctor"]), seen["doctor"]
+
+
 @pth_installed
 def test_doctor_on_this_install():
     """This env's install: started normally the fix is active; with ``-S`` it cannot be,
@@ -100,3 +124,137 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     finally:
         os.close(write)
     assert (proc.returncode, proc.stderr) == (141, "")
+
+
+#: Stands in for ``python2.7``: runs ``-c CODE`` with Python 2.7's version and without the
+#: ``importlib.util`` and ``importlib.metadata`` that Python 2 lacks.
+PYTHON27 = """#!/bin/sh
+exec {python} -c "import sys; sys.version_info = (2, 7, 18, 'final', 0); \\
+sys.version = '2.7.18 (default, Apr 20 2020, 00:00:00)'; sys.executable = '$0'; \\
+sys.modules['importlib.util'] = sys.modules['importlib.metadata'] = None; \\
+exec(sys.argv[1])" "$2"
+"""
+
+
+def test_doctor_python_names_an_interpreter_too_old_for_the_package(tmp_path):
+    fake = tmp_path / "python2.7"
+    fake.write_text(PYTHON27.format(python=sys.executable))
+    fake.chmod(0o755)
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor", "--python",
+                                str(fake)])
+    assert rc == 2, out + err
+    assert out.splitlines() == [
+        f"FAIL  python: {fake} is Python 2.7.18: nvrx-ipc-fix needs Python >= 3.10",
+        "result: not checked: point --python at the interpreter your processes run"]
+
+
+DOCTOR = """
+    import json, sys
+    if sys.argv[1:] == ["start-up"]:  # as the .pth does
+        import _nvrx_ipc_fix_startup
+        _nvrx_ipc_fix_startup.run("pth")
+    import nvrx_ipc_fix
+    from nvrx_ipc_fix.core import config as _config
+    from nvrx_ipc_fix.cli import doctor as _doctor
+    lines = []
+    code = _doctor.run(out=lines.append)
+    print(json.dumps({"code": code, "lines": lines,
+                      "settings": [s.name for s in _config.SETTINGS]}))
+"""
+
+
+def doctor_in(tmp_path, env, *args):
+    """``doctor`` in a fresh interpreter that sees NVRx 0.6.0's metadata (it needs the fix),
+    without start-up activation unless ``args`` is ``("start-up",)``."""
+    info = tmp_path / "nvidia_resiliency_ext-0.6.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-resiliency-ext\n"
+                                   "Version: 0.6.0\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(DOCTOR), *args],
+                               env={**env, "PYTHONPATH": path}, auto=bool(args))
+    assert rc == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_doctor_checks_every_setting_the_package_reads(tmp_path):
+    """Every NVRX_IPC_FIX_* name in the source is in _config.SETTINGS, and doctor has a
+    line for each; a value it does not understand is a problem, with what it uses instead."""
+    src = Path(find_spec("nvrx_ipc_fix").origin).parents[1]
+    read = set()
+    for path in [*src.glob("*.py"), *src.glob("*.pth"), *(src / "nvrx_ipc_fix").rglob("*.py")]:
+        read |= set(re.findall(r"NVRX_IPC_FIX_[A-Z][A-Z_]*[A-Z]", path.read_text()))
+    seen = doctor_in(tmp_path, {}, "start-up")
+    assert read and read == set(seen["settings"]), read ^ set(seen["settings"])
+    for name in read:
+        assert sum(line.startswith(f"ok    {name}: not set") for line in seen["lines"]) == 1, name
+    assert seen["code"] == 0 and seen["lines"][-1].startswith("result: ok: "), seen["lines"]
+    bad = {"NVRX_IPC_FIX_STRATEGY": ("nuke", "is not one of flush, terminate, restart; using "
+                                              "the default (flush for release(), restart for "
+                                              "the automatic release)"),
+           "NVRX_IPC_FIX_STALL_TIMEOUT": ("-3", "is not a number of seconds >= 0 (or inf); "
+                                                "using 300"),
+           "NVRX_IPC_FIX_RELEASE_TIMEOUT": ("0", "is not a number of seconds > 0 (or inf); "
+                                                 "using 60"),
+           "NVRX_IPC_FIX_PREWARM": (" Maybe", "is not start or off; using off"),
+           "NVRX_IPC_FIX_PIN": ("nan", "is not on or off; using on"),
+           "NVRX_IPC_FIX_RELEASE": ("", None), "NVRX_IPC_FIX_LOG_LEVEL": ("INFO", None)}
+    env = {name: value for name, (value, _) in bad.items()}
+    for how in ((), ("start-up",)):  # not covered, then covered at start-up
+        seen = doctor_in(tmp_path, env, *how)
+        assert seen["code"] == 1, seen["lines"]
+        for name, (value, problem) in bad.items():
+            if problem:
+                assert f"FAIL  {name}: {value!r} {problem}" in seen["lines"], seen["lines"]
+                assert f"{name}={value!r}" in seen["lines"][-1]
+            else:
+                assert any(line.startswith(f"info  {name}: {value!r}: ")
+                           for line in seen["lines"]), seen["lines"]
+        assert seen["lines"][-1].endswith("and falls back as said above: fix or unset them.")
+    assert seen["lines"][-1].startswith("result: processes started like this one activate "
+                                        "at start-up (pth), before NVRx is imported, but ")
+
+
+def test_doctor_with_the_kill_switch_advises_unsetting_it(tmp_path):
+    """Neither ``import nvrx_ipc_fix`` nor the Ray hook can work while it is set."""
+    for value in ("1", "maybe"):
+        seen = doctor_in(tmp_path, {"NVRX_IPC_FIX_DISABLE": value})
+        result = seen["lines"][-1]
+        assert seen["code"] == 1
+        assert f"NVRX_IPC_FIX_DISABLE={value!r} turns the package off in every process" in result
+        assert "unset it" in result and "Other ways" not in result
+        assert "import nvrx_ipc_fix` first" not in result and "ray_runtime_env" not in result
+    seen = doctor_in(tmp_path, {"NVRX_IPC_FIX_AUTO": "0"})  # there the other ways do work
+    assert seen["code"] == 1 and "Other ways: `import nvrx_ipc_fix` first" in seen["lines"][-1]
+
+
+def test_json_before_or_after_the_sub_command(tmp_path):
+    def run(*args):
+        return run_process([sys.executable, "-m", "nvrx_ipc_fix", *args])
+
+    code, text, err = run("doctor")
+    *lines, result = text.strip().splitlines()
+    rows = [(line[:4].strip().lower(), line[6:].split(": ", 1)[0]) for line in lines]
+    assert ("ok", "NVRX_IPC_FIX_PIN") in rows, text
+    for args in (["--json", "doctor"], ["doctor", "--json"]):  # the same report, as JSON
+        rc, out, err = run(*args)
+        report = json.loads(out)
+        assert rc == report["exit"] == code and f"result: {report['result']}" == result, out
+        assert [(c["level"], c["label"]) for c in report["checks"]] == rows
+    for args in (["--json", "status"], ["status", "--json"], ["--json", "status", "--json"],
+                 ["--no-import", "--json", "status"]):
+        rc, out, err = run(*args)
+        assert rc == 0 and json.loads(out)["version"], (args, out, err)
+    rc, out, err = run("--no-import", "status", "--json")
+    assert {t["state"] for t in json.loads(out)["targets"]
+            if t["target"].startswith("nvidia_resiliency_ext")} == {"pending"}
+    fake = tmp_path / "python2.7"
+    fake.write_text(PYTHON27.format(python=sys.executable))
+    fake.chmod(0o755)
+    rc, out, err = run("--json", "doctor", "--python", str(fake))
+    assert rc == json.loads(out)["exit"] == 2 and json.loads(out)["checks"][0]["level"] == "fail"
+    for args in (["--json", "bundle", str(tmp_path / "b")], ["--no-import", "doctor"],
+                 ["--json", "install-sitecustomize", str(tmp_path / "s")]):
+        rc, out, err = run(*args)
+        assert rc == 2 and "error: " in err and out == "", (args, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["python2.7"]  # nothing written

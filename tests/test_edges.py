@@ -4,11 +4,16 @@ called from another thread, and the public functions while another thread import
 each with its expected outcome, and what it leaves behind lets the next save succeed."""
 
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
-from conftest import expect, needs_cache, needs_nvrx, run_process, run_python
+from conftest import (NVRX, expect, lacks, needs_cache, needs_nvrx, needs_warmup, run_process,
+                      run_python)
 
 NAN, INF = "nan", "inf"
 
@@ -61,6 +66,14 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "2.5", 2.5, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", NAN, 300.0, True),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "-1", 300.0, True),
+    ("NVRX_IPC_FIX_PIN", "", True, False),
+    ("NVRX_IPC_FIX_PIN", " OFF ", False, False),
+    ("NVRX_IPC_FIX_PIN", "never", False, False),
+    ("NVRX_IPC_FIX_PIN", "maybe", True, True),  # "using on", and on it is
+    ("NVRX_IPC_FIX_PIN", NAN, True, True),
+    ("NVRX_IPC_FIX_PREWARM", "Start", True, False),
+    ("NVRX_IPC_FIX_PREWARM", "", False, False),
+    ("NVRX_IPC_FIX_PREWARM", "maybe", False, True),
     ("NVRX_IPC_FIX_LOG_LEVEL", "DEBUG", "debug", False),
     ("NVRX_IPC_FIX_LOG_LEVEL", "loud", None, True),
 ]
@@ -81,7 +94,8 @@ READ_ENV = """
         value = {_config.AUTO: _config.auto, _config.STRATEGY: _config.strategy,
                  _config.RELEASE: _config.release_policy,
                  _config.RELEASE_TIMEOUT: _config.release_timeout,
-                 _config.STALL_TIMEOUT: _config.stall_timeout}[name]()
+                 _config.STALL_TIMEOUT: _config.stall_timeout, _config.PIN: _config.pin_ahead,
+                 _config.PREWARM: _config.prewarm_at_start}[name]()
         return "inf" if value == float("inf") else value
     import logging
     out = []
@@ -287,8 +301,8 @@ def test_public_functions_while_another_thread_imports_nvrx():
     ("/proc/nvrx-ipc-fix-test", 1, "cannot write"),
     ("/etc/hostname", 1, "is not a directory"),
     ("/dev/null", 1, "is not a directory"),
-    ("", 1, "DIR is empty"),
-    ("   ", 1, "DIR is empty"),
+    ("", 2, "DIR is empty"),
+    ("   ", 2, "DIR is empty"),
     ("{tmp}/odd dir é\tx", 0, "wrote"),
     ("{tmp}/a/b/c", 0, "wrote"),  # made
     ("{tmp}/dir-named-sitecustomize", 1, "Is a directory"),
@@ -300,3 +314,143 @@ def test_install_sitecustomize_at_odd_paths(tmp_path, directory, code, words):
                                 directory])
     assert rc == code, out + err
     assert words in out + err and "Traceback" not in err
+
+
+def test_skip_reasons_say_when_nvrx_is_not_installed():
+    """Not "NVRx None has no IPC cache" in the nonvrx env."""
+    assert lacks("has no IPC cache", nvrx="0.4.1") == "NVRx 0.4.1 has no IPC cache"
+    assert "nvidia-resiliency-ext is not installed" in lacks("has no IPC cache", nvrx=None)
+    for mark in (needs_cache, needs_warmup, needs_nvrx):
+        reason = mark.kwargs["reason"]
+        assert "None" not in reason, reason
+        if NVRX is None:
+            assert "nvidia-resiliency-ext is not installed" in reason, reason
+
+
+WARNS_AT = """
+import json, os, sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import nvrx_ipc_fix  # LINE import
+    os.environ.update(NVRX_IPC_FIX_STRATEGY="nuke", NVRX_IPC_FIX_RELEASE_TIMEOUT="0")
+    nvrx_ipc_fix.release()  # LINE release
+    if sys.argv[1] == "queue":
+        os.environ["NVRX_IPC_FIX_PREWARM"] = "maybe"
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
+        queue = core.AsyncCallsQueue(persistent=True)  # LINE queue
+        queue.close()
+print(json.dumps([[w.filename, w.lineno, str(w.message)] for w in caught]))
+"""
+
+
+def test_a_warning_names_the_callers_line_not_ours(tmp_path):
+    """The RuntimeWarning for a setting is attributed to the user's line that read it:
+    ``import nvrx_ipc_fix``, ``release()``, and a queue whose patched ``__init__`` reads one."""
+    script = tmp_path / "train.py"
+    script.write_text(WARNS_AT)
+    lines = {line.rsplit("# LINE ", 1)[1]: number
+             for number, line in enumerate(WARNS_AT.splitlines(), 1) if "# LINE " in line}
+    queue = NVRX is not None and expect("warmup")
+    rc, out, err = run_process([sys.executable, str(script), "queue" if queue else "-"],
+                               env={"NVRX_IPC_FIX_LOG_LEVEL": "loud"})
+    assert rc == 0, err
+    caught = json.loads(out.strip().splitlines()[-1])
+    wanted = {"NVRX_IPC_FIX_LOG_LEVEL": "import", "NVRX_IPC_FIX_STRATEGY": "release",
+              "NVRX_IPC_FIX_RELEASE_TIMEOUT": "release"}
+    if queue:
+        wanted["NVRX_IPC_FIX_PREWARM"] = "queue"
+    seen = {message.split()[1].split("=")[0]: (filename, number)
+            for filename, number, message in caught}
+    assert seen == {name: (str(script), lines[where]) for name, where in wanted.items()}
+
+
+RAY_ENVS = """
+    import json, nvrx_ipc_fix
+    out = {}
+    for label, given in [("'bad'", "'bad'"), ("123", "123"), ("[]", "[]"), ("b'x'", "b'x'"),
+                         ("env_vars list", "{'env_vars': ['A=1']}"),
+                         ("env_vars str", "{'env_vars': 'A=1'}"),
+                         ("env_vars int value", "{'env_vars': {'A': 1}}"),
+                         ("env_vars int key", "{'env_vars': {1: 'a'}}"),
+                         ("hook ''", "{'worker_process_setup_hook': ''}"),
+                         ("hook ' '", "{'worker_process_setup_hook': ' '}"),
+                         ("hook 'setup'", "{'worker_process_setup_hook': 'setup'}"),
+                         ("hook 'a..b'", "{'worker_process_setup_hook': 'a..b'}"),
+                         ("hook 1", "{'worker_process_setup_hook': 1}")]:
+        try:
+            nvrx_ipc_fix.ray_runtime_env(eval(given))
+            out[label] = "accepted"
+        except Exception as exc:
+            out[label] = f"{type(exc).__name__}: {exc}"
+    twice = nvrx_ipc_fix.ray_runtime_env(nvrx_ipc_fix.ray_runtime_env())
+    string = nvrx_ipc_fix.ray_runtime_env(
+        {"worker_process_setup_hook": "nvrx_ipc_fix.ray_worker_setup"})
+    kept = [sorted(nvrx_ipc_fix.ray_runtime_env(given)) for given in (
+        None, {}, {"env_vars": None}, {"worker_process_setup_hook": None},
+        {"worker_process_setup_hook": "their_module.setup"})]
+    out["ours once"] = [env["worker_process_setup_hook"].__closure__[0].cell_contents
+                        for env in (twice, string)]
+    out["kept"] = kept
+    print(json.dumps(out))
+"""
+
+
+def test_ray_runtime_env_rejects_what_ray_cannot_take_naming_the_argument():
+    seen = run_python(RAY_ENVS, env={"NVRX_IPC_FIX_STRATEGY": "flush"})
+    for label in ("'bad'", "123", "[]", "b'x'"):
+        assert seen.pop(label).startswith("TypeError: runtime_env must be a dict (Ray's "
+                                          "runtime_env) or None, not "), label
+    for label in ("env_vars list", "env_vars str"):
+        assert seen.pop(label).startswith(
+            "TypeError: runtime_env['env_vars'] must be a dict of str to str or None"), label
+    assert seen.pop("env_vars int value") == ("TypeError: runtime_env['env_vars'] must map str "
+                                              "to str (Ray's rule); 'A': 1 is not")
+    assert seen.pop("env_vars int key").startswith("TypeError: runtime_env['env_vars'] must map")
+    for label, value in (("hook ''", "''"), ("hook ' '", "' '"), ("hook 'setup'", "'setup'"),
+                         ("hook 'a..b'", "'a..b'")):
+        assert seen.pop(label) == ("ValueError: worker_process_setup_hook must be a callable or "
+                                   f"a 'module.function' string, not {value}"), label
+    assert seen.pop("hook 1").startswith("TypeError: worker_process_setup_hook must be")
+    assert seen.pop("ours once") == [None, None]  # not chained to itself
+    assert seen.pop("kept") == [["env_vars", "worker_process_setup_hook"]] * 5
+    assert seen == {}
+
+
+@pytest.mark.parametrize("command", ["bundle", "install-sitecustomize"])
+def test_an_empty_dir_is_a_usage_error_and_writes_nothing(tmp_path, command):
+    """``bundle ""`` used to write the bundle into the current directory."""
+    for directory in ("", " \t"):
+        proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix", command, directory],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in os.environ.items()
+                                   if not k.startswith("NVRX_IPC_FIX_")})
+        assert proc.returncode == 2 and "DIR is empty" in proc.stderr, proc
+        assert list(tmp_path.iterdir()) == []
+
+
+KILLED_CHILD = """
+    import json, os, sys, tempfile
+    from nvrx_ipc_fix.testing.scenario_runner import run_child
+    child = ("import multiprocessing.util, tempfile, time; tempfile.mkdtemp(prefix='x-'); "
+             "multiprocessing.util.get_temp_dir(); print('made', flush=True); time.sleep(60)")
+    out = {}
+    for name, code, backstop in (("killed", child, 8), ("ends", child.replace("60", "0"), 60)):
+        try:
+            out[name] = run_child([sys.executable, "-c", code], dict(os.environ), backstop)[1]
+        except RuntimeError as exc:
+            out[name] = str(exc)
+    print(json.dumps(out))
+"""
+
+
+def test_the_demo_runner_removes_its_childs_temp_directory_however_it_ends():
+    """The demo's and selftest's runner gives each scenario a TMPDIR of its own and removes
+    it after, also when the child is killed at the backstop with what it started."""
+    tmp = tempfile.mkdtemp(prefix="nvrx-test-")  # short enough for a TMPDIR below it (fits)
+    try:
+        seen = run_python(KILLED_CHILD, env={"TMPDIR": tmp}, timeout=120)
+        assert seen == {"killed": "scenario still running after 8 s: stopped it and the "
+                                  "processes it started", "ends": "made\n"}
+        assert os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

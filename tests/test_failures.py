@@ -1,9 +1,15 @@
 """Each failure reproduces without the package (where the NVRx version has it) and is gone
 with it, on the real NVRx worker; checkpoints are compared value by value after every save."""
 
+import json
+import os
+import shutil
+import sys
+import tempfile
+
 import pytest
 
-from conftest import expect, needs_cache, needs_nvrx, pth_installed, scenario
+from conftest import expect, needs_cache, needs_nvrx, pth_installed, run_process, scenario
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -109,3 +115,19 @@ def test_both_fixes_hold_when_activated_at_start_up():
     assert report["source"] == "pth"
     assert report["hang"] is None and not report["cache_miss"], report["stderr"]
     assert stale_counts(report) == [0, 0, 0, 0]
+
+
+def test_the_hang_exit_leaves_no_temp_directory():
+    """``python -m nvrx_ipc_fix.testing.scenario`` (what the demo runs) reports the hang and exits
+    at once: its scratch directory and the worker's and NVRx manager's ``pymp-*`` go too."""
+    tmp = tempfile.mkdtemp(prefix="nvrx-test-")  # short: a manager's socket goes below it
+    try:
+        rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps",
+                                    "save,save,close,save", "--timeout", "10", "--tensors",
+                                    "2", "--numel", "256"], fix=False, env={"TMPDIR": tmp},
+                                   timeout=240)
+        assert rc == 0, err[-3000:]
+        assert (json.loads(out.strip().splitlines()[-1])["hang"] is not None) == expect("hang")
+        assert os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from conftest import MCORE, NVRX, expect, needs_nvrx, run_python
+from conftest import MCORE, NVRX, expect, lacks, needs_nvrx, run_python
 
 pytestmark = needs_nvrx
 
@@ -132,7 +132,8 @@ def test_kill_switch_patches_nothing():
         assert seen["activated"] is False
 
 
-@pytest.mark.skipif(NVRX not in ("0.6.0", "0.7.0"), reason="needs two fixes on close()")
+@pytest.mark.skipif(NVRX not in ("0.6.0", "0.7.0"),
+                    reason=lacks("has no two fixes on close() (0.6.0 and 0.7.0 have)"))
 def test_foreign_wrapper_on_top_is_kept_and_we_go_inert():
     log = dict((s, o) for s, o in run_steps(
         ["pkg", "nvrx", "foreign", "deactivate", "activate", "deactivate"]))

@@ -108,6 +108,11 @@ JOB = """
                 with tempfile.TemporaryDirectory() as d:
                     seen["scenario"] = scenario.run(steps, d, timeout=60, n_tensors=8,
                                                     numel=512)
+                import gc
+                from multiprocessing.synchronize import SemLock
+                seen["semaphores"] = sorted(  # named while the NVRx queues live
+                    o._semlock.name for o in gc.get_objects()
+                    if isinstance(o, SemLock) and getattr(o._semlock, "name", None))
             if seen["imported"]:
                 status = sys.modules["nvrx_ipc_fix"].status()
                 seen.update(source=status.source, requested_by=list(status.requested_by),
@@ -115,17 +120,31 @@ JOB = """
             seen["stderr"] = open("/proc/self/fd/2").read()
             return seen
 
+        def exit(self):
+            ray.actor.exit_actor()  # runs the actor's exit handlers; ray.shutdown() does not
+
+    started = []
+
     def start(**env):
         venv = os.path.dirname(os.path.dirname(PYTHON))
         env_vars = {{**os.environ, "VIRTUAL_ENV": venv, "UV_PROJECT_ENVIRONMENT": venv, **env}}
-        return Worker.options(runtime_env={{"py_executable": PYTHON,
-                                            "env_vars": env_vars}}).remote()
+        started.append(Worker.options(runtime_env={{"py_executable": PYTHON,
+                                                    "env_vars": env_vars}}).remote())
+        return started[-1]
 
     try:
         result = {{}}
 {body}
         print("RESULT", json.dumps(result), flush=True)
     finally:
+        # ray.shutdown() ends an actor with SIGTERM (no Python exit handlers) and kills its
+        # children, multiprocessing's resource tracker among them: the named semaphores of
+        # the NVRx queues made in the actor would stay in /dev/shm. Exit them first.
+        for actor in started:
+            try:
+                ray.get(actor.exit.remote(), timeout=60)
+            except Exception:  # RayActorError: it exited, as asked (or had died before)
+                pass
         ray.shutdown()
 """
 
@@ -241,6 +260,9 @@ def test_nemo_rl_recipe_a_bundle_on_pythonpath_fixes_the_real_worker_in_a_uv_ven
         assert report["hang"] is None
         assert [s["stale"] for s in report["saves"]] == [0, 0, 0], report
     assert seen["close"]["scenario"]["cleanups"] >= 1
+    named = {name for case in ("replace", "close", "off") for name in seen[case]["semaphores"]}
+    assert named  # the actors' NVRx queues had named semaphores; none is left in /dev/shm
+    assert [n for n in named if os.path.exists(f"/dev/shm/sem.{n.lstrip('/')}")] == []
     off = seen["off"]["scenario"]
     assert off["fix"]["stale_guard"] == "disabled"
     assert off["saves"][-1]["stale"] == 8  # without the fix: every tensor stale

@@ -142,16 +142,23 @@ def test_invalid_strategy_env_warns_once_and_uses_flush():
 
 
 @needs_nvrx
-def test_release_with_no_queue_says_so():
+def test_release_with_no_queue_says_so_and_counts_no_cleanup():
     result = run_python("""
         import json, nvrx_ipc_fix
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
         r = nvrx_ipc_fix.release()
-        print(json.dumps({"skipped": list(r.skipped), "released": r.queues_released}))
+        idle = core.AsyncCallsQueue()  # a queue that never saved: no worker, no cached keys
+        again = nvrx_ipc_fix.release(idle)
+        s = nvrx_ipc_fix.status()
+        print(json.dumps({"skipped": list(r.skipped), "released": r.queues_released,
+                          "again": [again.queues_released, again.keys_cleared],
+                          "counted": [s.cleanups, s.releases]}))
     """)
     assert result["released"] == 0
     assert result["skipped"] in (["queues: no live AsyncCallsQueue"],
                                  ["all: this NVRx has no worker cache"])
+    assert result["again"] == [0, 0]
+    assert result["counted"] == [0, 0]  # nothing was released: no cleanup, no release
 
 
 @needs_cache

@@ -27,8 +27,11 @@ _SKIP = shutil.ignore_patterns("__pycache__", "*.pyc")
 def bundle(directory):
     """Write the bundle into ``directory``; return ``(exit code, message)``.
 
-    ``directory`` must be absent, empty, or a bundle written before (then it is refreshed).
+    ``directory`` must be absent, empty, or a bundle written before (then it is refreshed);
+    an empty name is refused with exit code 2 (it would mean the current directory).
     """
+    if not str(directory).strip():
+        return 2, "DIR is empty: name the directory to write the bundle into; nothing written."
     target = os.path.abspath(directory)
     if os.path.exists(target) and not os.path.isdir(target):
         return 1, f"{target} exists and is not a directory; not touched."

@@ -26,8 +26,17 @@ FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "p
               "disabled": "warn", "unsupported": "warn", "error": "warn"}
 OTHER_WAYS = ("`import nvrx_ipc_fix` first in each entry point; for Ray workers "
               "ray.init(runtime_env=nvrx_ipc_fix.ray_runtime_env())")
-#: Run by ``doctor --python`` first: standard library only, as the package may be missing there.
-PROBE = """import importlib.util, json, sys
+#: The oldest Python the package runs on (pyproject's requires-python).
+MIN_PYTHON = (3, 10)
+#: Run by ``doctor --python`` first: standard library only, as the package may be missing
+#: there, and Python 2 syntax before the version check, so that an old interpreter says what
+#: it is instead of failing.
+PROBE = """import json, sys
+if sys.version_info[:2] < (%d, %d):
+    print(json.dumps({"python": sys.executable, "version": sys.version.split()[0],
+                      "nvrx": None, "importable": False, "too_old": True}))
+    sys.exit(0)
+import importlib.util
 from importlib import metadata
 try:
     nvrx = metadata.version("nvidia-resiliency-ext")
@@ -35,10 +44,10 @@ except Exception:
     nvrx = None
 print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "nvrx": nvrx,
                   "importable": importlib.util.find_spec("nvrx_ipc_fix") is not None}))
-"""
+""" % MIN_PYTHON
 
 
-def run(out=print):
+def run(out=print, as_json=False):
     """Print the checks; return the exit status.
 
     Each check is ``(level, label, text)``: ``ok``, ``info``, ``warn``, or ``fail``, which
@@ -58,31 +67,93 @@ def run(out=print):
     checks = [("info", "package", f"nvrx-ipc-fix {status.version} in {package_dir}; Python "
                f"{sys.version.split()[0]} ({sys.executable}), pid {status.pid}"),
               _pth(_installed_pth(), ran, covered),
-              _sitecustomize("sitecustomize" in ran), *_switches(), _startup_error(startup),
-              ("ok" if covered else "fail", "activation", _activation(status, covered)),
-              ("ok", "wrapt", status.wrapt_version) if status.wrapt_version else
-              ("fail", "wrapt", "not installed: nothing can be patched"),
-              ("info", "NVRx", _nvrx(status.nvrx_version, affected))]
+              _sitecustomize("sitecustomize" in ran)]
+    invalid = []  # (name, value) of each setting the package does not understand
+    for setting in _config.SETTINGS:
+        checks.append(_setting(setting, invalid))
+    checks += [_startup_error(startup),
+               ("ok" if covered else "fail", "activation", _activation(status, covered)),
+               ("ok", "wrapt", status.wrapt_version) if status.wrapt_version else
+               ("fail", "wrapt", "not installed: nothing can be patched"),
+               ("info", "NVRx", _nvrx(status.nvrx_version, affected))]
     checks += [(FIX_LEVELS[fix.state.value], f"fix {fix.name}", f"{fix.state.value}: {fix.reason}")
                for fix in status.fixes]
-    checks = [c for c in checks if c]
-    for level, label, text in checks:
-        mark = ("FAIL" if affected else "warn") if level == "fail" else level
-        out(f"{mark:<4}  {label}: {text}")
+    rows = [(("FAIL" if affected else "warn") if level == "fail" else level, label, text)
+            for level, label, text in filter(None, checks)]
 
-    causes = [f"{label}: {text}" for level, label, text in checks
-              if level == "fail" and label != "activation"]
+    names = {s.name for s in _config.SETTINGS}
+    causes = [f"{label}: {text}" for level, label, text in filter(None, checks)
+              if level == "fail" and label != "activation"
+              and (label not in names or label in (_config.DISABLE, _config.AUTO))]
+    switches = (_config.DISABLE, _config.AUTO)  # their consequence is a cause of its own
+
+    def fallback(which):
+        which = [f"{name}={raw!r}" for name, raw in which]
+        return (f"the package does not understand {', '.join(which)} and falls back as said "
+                f"above: fix or unset {'it' if len(which) == 1 else 'them'}") if which else ""
+
+    others = [(name, raw) for name, raw in invalid if name not in switches]
+    raw_off = os.environ.get(_config.DISABLE, "")
     if not affected:
-        out("result: ok: no NVRx with the IPC cache is installed; nothing needs the fix")
+        result, code = ("ok: no NVRx with the IPC cache is installed; nothing needs the fix"
+                        + (f" (but {fallback(invalid)})" if invalid else "")), 0
+    elif _config.SETTINGS[0].check()[1] is None:  # NVRX_IPC_FIX_DISABLE: the package is off
+        result, code = (f"NVRx {status.nvrx_version} needs the fix, and {_config.DISABLE}="
+                        f"{raw_off!r} turns the package off in every process that has it "
+                        f"(start-up, `import nvrx_ipc_fix`, the Ray hook alike): unset it, or "
+                        f"set it to the fixes to turn off (a comma list of "
+                        f"{', '.join(FIXES)})" + (f". Also, {fallback(others)}" if others else "")
+                        + "."), 1
     elif not causes and covered:
-        out(f"result: ok: processes started like this one activate at start-up "
-            f"({status.source}), before NVRx is imported")
+        how = (f"processes started like this one activate at start-up ({status.source}), "
+               f"before NVRx is imported")
+        result, code = (f"ok: {how}", 0) if not others else (f"{how}, but {fallback(others)}.",
+                                                              1)
     else:
-        out(f"result: NVRx {status.nvrx_version} needs the fix, and processes started like "
-            f"this one do not get it ({'; '.join(causes) or 'start-up did not activate'}). "
-            f"Other ways: {OTHER_WAYS}.")
-        return 1
-    return 0
+        result, code = (f"NVRx {status.nvrx_version} needs the fix, and processes started like "
+                        f"this one do not get it "
+                        f"({'; '.join(causes) or 'start-up did not activate'}). "
+                        f"Other ways: {OTHER_WAYS}." + (f" Also, {fallback(others)}."
+                                                        if others else "")
+                        ), 1
+    return _emit(out, rows, result, code, as_json)
+
+
+def _emit(out, rows, result, code, as_json):
+    """Print ``rows`` (``(mark, label, text)``) and the result, as lines or as one JSON
+    object; return ``code``."""
+    if as_json:
+        out(json.dumps({"checks": [{"level": mark.lower(), "label": label, "text": text}
+                                   for mark, label, text in rows],
+                        "result": result, "exit": code}, indent=2))
+    else:
+        for mark, label, text in rows:
+            out(f"{mark:<4}  {label}: {text}")
+        out(f"result: {result}")
+    return code
+
+
+def _setting(setting, invalid):
+    """The check of one ``NVRX_IPC_FIX_*`` variable; records a value not understood."""
+    raw, value, problem = setting.check()
+    if problem:
+        invalid.append((setting.name, raw))
+    if setting.name == _config.DISABLE:
+        if value is None:
+            understood = raw.strip().lower() in _config._TRUE
+            return "fail", setting.name, f"{raw!r}: the package is off" + (
+                "" if understood else " (a value the kill switch does not understand turns it off)")
+        if value:
+            return "warn", setting.name, f"{raw!r}: {', '.join(sorted(value))} off"
+        return "ok", setting.name, "not set" if raw is None else f"{raw!r}: every fix on"
+    if setting.name == _config.AUTO and not value:
+        return "fail", setting.name, f"{raw!r}: start-up activation is off" + (
+            " (a value it does not understand turns it off)" if problem else "")
+    if problem:
+        return "fail", setting.name, f"{raw!r} {problem}"
+    shown = setting.show(value)
+    return ("ok" if raw is None else "info"), setting.name, (
+        f"not set: {shown}" if raw is None else f"{raw!r}: {shown}")
 
 
 def _installed_pth():
@@ -130,22 +201,6 @@ def _sitecustomize(ran):
     return "info", "sitecustomize", "did not run (the fallback where the .pth file is not read)"
 
 
-def _switches():
-    disabled, raw = _config.disabled_fixes(tuple(FIXES)), os.environ.get(_config.DISABLE, "")
-    if disabled is None:
-        yield "fail", _config.DISABLE, f"{raw!r}: the package is off"
-    elif disabled:
-        yield "warn", _config.DISABLE, f"{raw!r}: {', '.join(sorted(disabled))} off"
-    else:
-        yield "ok", _config.DISABLE, "not set"
-    if _config.auto():
-        yield "ok", _config.AUTO, "start-up activation on"
-    else:
-        yield "fail", _config.AUTO, f"{os.environ[_config.AUTO]!r}: start-up activation is off"
-    yield ("info", _config.PIN, "on: a prewarmed worker pins the last save's host memory ahead"
-           if _config.pin_ahead() else "off: a prewarmed worker's first save pins host memory")
-
-
 def _startup_error(startup):
     error = getattr(startup, "error", None)
     return ("fail", "start-up", f"activation failed: {error}") if error else None
@@ -171,7 +226,7 @@ def _nvrx(version, affected):
     return f"{version}: has the IPC tensor cache: the fixes apply"
 
 
-def run_with(python, out=print, timeout=300):
+def run_with(python, out=print, timeout=300, as_json=False):
     """``doctor`` under interpreter ``python``, started with this environment; its exit status."""
     try:
         probe = subprocess.run([python, "-c", PROBE], capture_output=True, text=True,
@@ -181,29 +236,35 @@ def run_with(python, out=print, timeout=300):
         if not (isinstance(found, dict) and keys <= set(found)):
             raise ValueError(" ".join([f"exit {probe.returncode}, no probe result",
                                        *probe.stderr.strip().splitlines()[-1:]]))
+        if found.get("too_old"):
+            return _emit(out, [("FAIL", "python", f"{found['python']} is Python "
+                                f"{found['version']}: nvrx-ipc-fix needs Python >= "
+                                f"{'.'.join(map(str, MIN_PYTHON))}")],
+                         "not checked: point --python at the interpreter your processes run",
+                         2, as_json)
         if found["importable"]:
-            checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor"],
+            checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor",
+                                      *(["--json"] if as_json else [])],
                                      capture_output=True, text=True, timeout=timeout)
             sys.stderr.write(checked.stderr)
             for line in checked.stdout.rstrip().splitlines():
                 out(line)
             return checked.returncode
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        out(f"FAIL  python: cannot run {python!r} as a Python interpreter: {exc}")
-        out("result: not checked")
-        return 2
+        return _emit(out, [("FAIL", "python", f"cannot run {python!r} as a Python "
+                                              f"interpreter: {exc}")], "not checked", 2, as_json)
     affected = found["nvrx"] is not None and _detect.release_has_cache(found["nvrx"]) is not False
     where = f"{found['python']} (Python {found['version']})"
-    out(f"{'FAIL' if affected else 'warn'}  package: nvrx_ipc_fix is not importable by {where}: "
-        f"not installed in its environment and not on its PYTHONPATH")
-    out(f"info  NVRx: {_nvrx(found['nvrx'], affected)}")
+    rows = [("FAIL" if affected else "warn", "package", f"nvrx_ipc_fix is not importable by "
+             f"{where}: not installed in its environment and not on its PYTHONPATH"),
+            ("info", "NVRx", _nvrx(found["nvrx"], affected))]
     if not affected:
-        out("result: ok: no NVRx with the IPC cache is installed there; nothing needs the fix")
-        return 0
-    out(f"result: NVRx {found['nvrx']} needs the fix, and processes started with {python} do "
-        f"not get it. Install nvrx-ipc-fix into that environment, or make a bundle "
-        f"(`python -m nvrx_ipc_fix bundle DIR`) and put DIR first on PYTHONPATH.")
-    return 1
+        return _emit(out, rows, "ok: no NVRx with the IPC cache is installed there; nothing "
+                                "needs the fix", 0, as_json)
+    return _emit(out, rows, f"NVRx {found['nvrx']} needs the fix, and processes started with "
+                            f"{python} do not get it. Install nvrx-ipc-fix into that "
+                            f"environment, or make a bundle (`python -m nvrx_ipc_fix bundle "
+                            f"DIR`) and put DIR first on PYTHONPATH.", 1, as_json)
 
 
 def _json(text):

@@ -1,5 +1,9 @@
-"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``doctor [--python PATH]``,
-``install-sitecustomize DIR``, ``bundle DIR``, ``demo`` and ``selftest``."""
+"""``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``doctor [--json]
+[--python PATH]``, ``install-sitecustomize DIR``, ``bundle DIR``, ``demo`` and ``selftest``.
+
+``--json`` works before the sub-command or after it, for the two that print JSON (status,
+doctor); given to another, it is a usage error (exit 2), as ``--no-import`` is to any but
+status."""
 
 from __future__ import annotations
 
@@ -17,13 +21,18 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Show what nvrx-ipc-fix does in this environment.")
     sub = parser.add_subparsers(dest="command")
     show = sub.add_parser("status", help="print the status (the default)")
-    for p in (parser, show):
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.add_argument("--no-import", action="store_true",
-                       help="do not import NVRx first (targets stay 'pending')")
     doctor = sub.add_parser("doctor", help="check that processes started like this one get "
-                                           "the fix; exit 1 if an affected NVRx is installed "
-                                           "and they do not")
+                                           "the fix and every NVRX_IPC_FIX_* setting; exit 1 "
+                                           "if an affected NVRx is installed and they do not, "
+                                           "or a setting is not understood")
+    for p in (parser, show, doctor):
+        # after the sub-command, SUPPRESS keeps the value given before it (argparse would
+        # otherwise reset it to the sub-parser's default)
+        default = False if p is parser else argparse.SUPPRESS
+        p.add_argument("--json", action="store_true", default=default, help="print JSON")
+        if p is not doctor:
+            p.add_argument("--no-import", action="store_true", default=default,
+                           help="do not import NVRx first (targets stay 'pending')")
     doctor.add_argument("--python", metavar="PATH",
                         help="check processes of that interpreter instead (a Ray "
                              "py_executable, a NeMo RL actor venv's bin/python), started with "
@@ -43,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("selftest", help="check the fix on this node (GPU memory, next-save time, "
                                     "correctness), without and with the package")
     args = parser.parse_args(argv)
+    if args.command not in (None, "status", "doctor") and args.json:
+        parser.error(f"--json: {args.command} prints no JSON (status and doctor do)")
+    if args.command not in (None, "status") and args.no_import:
+        parser.error(f"--no-import applies to status, not {args.command}")
     if args.command in ("demo", "selftest"):
         return importlib.import_module(f".{args.command}", __package__).run()
     if args.command in ("install-sitecustomize", "bundle"):
@@ -57,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         from .doctor import run, run_with
 
         if args.python is not None:
-            return run_with(args.python)
+            return run_with(args.python, as_json=args.json)
         _import_nvrx()
-        return run()
+        return run(as_json=args.json)
     return _show(args.json, args.no_import)
 
 

@@ -51,8 +51,8 @@ _run_hidden_sitecustomize()
 def install(directory):
     """Write ``directory/sitecustomize.py``; return ``(exit code, message)``. Never raises
     for a bad path: a missing directory is made, anything else is reported."""
-    if not str(directory).strip():
-        return 1, "DIR is empty: name the directory to write sitecustomize.py into."
+    if not str(directory).strip():  # it would mean the current directory: a usage error
+        return 2, "DIR is empty: name the directory to write sitecustomize.py into."
     target = os.path.abspath(directory)
     if os.path.exists(target) and not os.path.isdir(target):
         return 1, f"{target} is not a directory; nothing changed."

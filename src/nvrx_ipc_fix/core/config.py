@@ -4,6 +4,8 @@ Values are read when they are needed, so a launcher or a test can change them be
 activations. Case and surrounding blanks do not matter. An invalid value gives one
 ``RuntimeWarning`` (shown on stderr by default, unlike our logger) and the default, except
 for the two switches, where a value that is not understood turns the thing off.
+``SETTINGS`` lists every variable with its parser, which reports a value it does not
+understand without warning: ``python -m nvrx_ipc_fix doctor`` checks each.
 """
 
 import os
@@ -60,43 +62,209 @@ def _invalid(name, raw, why):
         _warned.add((name, raw))
         import warnings
 
-        warnings.warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", RuntimeWarning,
+                      stacklevel=_caller_level())
+
+
+#: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
+#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass).
+_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron")
+
+
+def _ours(filename):
+    """Is ``filename`` this package, its start-up module, or one of ``_PAST``?"""
+    import sys
+
+    roots = [os.path.dirname(os.path.dirname(__file__))]  # the package (core/..)
+    for name in _PAST:
+        roots += list(getattr(sys.modules.get(name), "__path__", None) or ())
+    return (os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.")
+            or any(isinstance(root, str) and filename.startswith(os.path.join(root, ""))
+                   for root in roots))
+
+
+def _caller_level():
+    """``warnings.warn``'s ``stacklevel`` for the first frame outside this package (and
+    ``_PAST``), so that a warning names the user's line (``import nvrx_ipc_fix``,
+    ``release()``, the call into NVRx), whichever of our functions read the setting.
+    Counted as ``warnings`` counts: frames of importlib's bootstrap are skipped and not
+    counted. 2 where the stack cannot be read."""
+    import sys
+
+    def internal(frame):
+        name = frame.f_code.co_filename
+        return "importlib" in name and "_bootstrap" in name
+
+    try:
+        frame, level = sys._getframe(2), 2  # 1: _invalid, which calls warnings.warn
+        while frame is not None and _ours(frame.f_code.co_filename):
+            frame = frame.f_back
+            while frame is not None and internal(frame):
+                frame = frame.f_back
+            level += 1
+        return level
+    except Exception:  # no frames (another Python): the caller of the reader
+        return 2
+
+
+def _raw(name):
+    """The variable as set (stripped, lower case); ``""`` when unset."""
+    return os.environ.get(name, "").strip().lower()
+
+
+def _read(name, parse, *args):
+    """``parse(raw, *args)``'s value; its problem, if any, is warned about once."""
+    raw = _raw(name)
+    value, problem = parse(raw, *args)
+    if problem:
+        _invalid(name, raw, problem)
+    return value
+
+
+# Each parser takes the stripped, lower-case value ("" when unset) and returns
+# ``(value, problem)``: the value the package uses, and why the one set is not understood
+# (``None`` when it is), naming what the package does instead.
+
+def _parse_disable(raw, known=None):
+    if known is None:
+        from .targets import FIXES
+
+        known = tuple(FIXES)
+    if raw in _FALSE:
+        return frozenset(), None
+    if raw in _TRUE:
+        return None, None
+    names = {part.strip() for part in raw.split(",") if part.strip()}
+    unknown = sorted(names.difference(known))
+    if unknown or not names:
+        return None, (f"is not understood (unknown: {', '.join(unknown) or repr(raw)}; "
+                      f"use 1, or a comma list of {', '.join(known)}); the whole package is off")
+    return frozenset(names), None
+
+
+def _parse_auto(raw):
+    if raw in _TRUE or not raw:
+        return True, None
+    return False, (None if raw in _FALSE else "is not 0 or 1; start-up activation is off")
+
+
+def _parse_log_level(raw):
+    if raw and raw not in _LEVELS:
+        return None, f"is not one of {', '.join(_LEVELS)}; ignoring it (no log handler)"
+    return raw or None, None
+
+
+def _parse_strategy(raw):
+    """``None`` when unset or not understood: each reader has its own default."""
+    if raw and raw not in STRATEGIES:
+        return None, (f"is not one of {', '.join(STRATEGIES)}; using the default (flush for "
+                      f"release(), restart for the automatic release)")
+    return raw or None, None
+
+
+def _parse_release(raw):
+    if raw in _FALSE - {""} | {"none"}:
+        return "never", None
+    if raw and raw not in ("offload", "finalize", "never"):
+        return "offload", "is not one of offload, finalize, never; using offload"
+    return raw or "offload", None
+
+
+def _parse_seconds(raw, default, allow_zero=False):
+    if not raw:
+        return default, None
+    try:
+        return seconds(float(raw), "", allow_zero), None
+    except ValueError:
+        return default, (f"is not a number of seconds {'>= 0' if allow_zero else '> 0'} "
+                         f"(or inf); using {default:g}")
+
+
+def _parse_release_timeout(raw):
+    return _parse_seconds(raw, 60.0)
+
+
+def _parse_stall_timeout(raw):
+    value, problem = _parse_seconds(raw, 300.0, allow_zero=True)
+    return (float("inf") if value == 0 else value), problem
+
+
+def _parse_pin(raw):
+    if raw in _FALSE | {"never", "none"} and raw:
+        return False, None
+    return True, (None if raw in _TRUE or not raw else "is not on or off; using on")
+
+
+def _parse_prewarm(raw):
+    if raw in _TRUE or raw == "start":
+        return True, None
+    return False, (None if raw in _FALSE | {"never", "none"} else
+                   "is not start or off; using off")
+
+
+def _show_seconds(value):
+    return "no limit" if value == float("inf") else f"{value:g} s"
+
+
+class Setting:
+    """One ``NVRX_IPC_FIX_*`` variable: its name, its parser and how its value reads."""
+
+    __slots__ = ("name", "parse", "show")
+
+    def __init__(self, name, parse, show):
+        self.name, self.parse, self.show = name, parse, show
+
+    def check(self):
+        """``(raw as set or None, value, problem or None)``; warns about nothing."""
+        raw = os.environ.get(self.name)
+        return (raw, *self.parse(_raw(self.name)))
+
+
+STRATEGIES = ("flush", "terminate", "restart")
+#: Every variable the package reads (a test checks that none is missing); doctor checks each.
+SETTINGS = (
+    Setting(DISABLE, _parse_disable, lambda v: "the package is off" if v is None else
+            (f"{', '.join(sorted(v))} off" if v else "every fix on")),
+    Setting(AUTO, _parse_auto, lambda v: "start-up activation " + ("on" if v else "off")),
+    Setting(LOG_LEVEL, _parse_log_level,
+            lambda v: f"a stderr handler at {v}" if v else "no log handler (NullHandler)"),
+    Setting(STRATEGY, _parse_strategy, lambda v: v or "flush for release(), restart for "
+            "the automatic release"),
+    Setting(RELEASE, _parse_release, lambda v: f"release automatically: {v}"),
+    Setting(RELEASE_TIMEOUT, _parse_release_timeout,
+            lambda v: f"release() waits for the worker: {_show_seconds(v)}"),
+    Setting(STALL_TIMEOUT, _parse_stall_timeout,
+            lambda v: "stall report: " + ("never" if v == float("inf") else f"after {v:g} s")),
+    Setting(PREWARM, _parse_prewarm, lambda v: "a persistent queue starts its worker when "
+            "created" if v else "off: the worker starts at the first save (or prewarm())"),
+    Setting(PIN, _parse_pin, lambda v: "on: a prewarmed worker pins the last save's host "
+            "memory ahead" if v else "off: a prewarmed worker's first save pins host memory"),
+)
 
 
 def disabled_fixes(known):
     """The fixes the environment turns off, as a frozenset; ``None`` when the package is off."""
-    raw = os.environ.get(DISABLE, "").strip().lower()
-    if raw in _FALSE:
-        return frozenset()
-    if raw in _TRUE:
-        return None
-    names = {part.strip() for part in raw.split(",") if part.strip()}
-    unknown = sorted(names.difference(known))
-    if unknown or not names:
-        _invalid(DISABLE, raw, f"is not understood (unknown: {', '.join(unknown) or repr(raw)}; "
-                 f"use 1, or a comma list of {', '.join(known)}); the whole package is off")
-        return None
-    return frozenset(names)
+    return _read(DISABLE, _parse_disable, known)
+
+
+def off_reason():
+    """Why ``disabled_fixes()`` turned the whole package off, naming the value as it is set."""
+    raw = os.environ.get(DISABLE, "")
+    if raw.strip().lower() in _TRUE:
+        return f"{DISABLE}={raw.strip()}"
+    return f"{DISABLE}={raw!r}: not understood, so the whole package is off"
 
 
 def auto():
     """Whether start-up activation is on (``NVRX_IPC_FIX_AUTO``)."""
-    raw = os.environ.get(AUTO, "").strip().lower()
-    if raw in _TRUE or not raw:
-        return True
-    if raw not in _FALSE:
-        _invalid(AUTO, raw, "is not 0 or 1; start-up activation is off")
-    return False
+    return _read(AUTO, _parse_auto)
 
 
 def configure_logging():
     """Honour ``NVRX_IPC_FIX_LOG_LEVEL`` with one stderr handler (idempotent)."""
     global _handler
-    raw = os.environ.get(LOG_LEVEL, "").strip().lower()
-    if not raw:
-        return
-    if raw not in _LEVELS:
-        _invalid(LOG_LEVEL, raw, f"is not one of {', '.join(_LEVELS)}; ignoring it")
+    level = _read(LOG_LEVEL, _parse_log_level)
+    if level is None:
         return
     import logging
 
@@ -107,34 +275,22 @@ def configure_logging():
         _handler.setFormatter(logging.Formatter(
             "nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s"))
         logger.addHandler(_handler)
-    logger.setLevel(raw.upper())
-
-
-def _choice(name, allowed, default):
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return default
-    if raw not in allowed:
-        _invalid(name, raw, f"is not one of {', '.join(allowed)}; using {default}")
-        return default
-    return raw
+    logger.setLevel(level.upper())
 
 
 def strategy():
     """The default ``release()`` strategy."""
-    return _choice(STRATEGY, ("flush", "terminate", "restart"), "flush")
+    return _read(STRATEGY, _parse_strategy) or "flush"
 
 
 def auto_strategy():
     """The automatic release's strategy: ``NVRX_IPC_FIX_STRATEGY``, else ``restart``."""
-    return _choice(STRATEGY, ("flush", "terminate", "restart"), "restart")
+    return _read(STRATEGY, _parse_strategy) or "restart"
 
 
 def release_policy():
     """When the package releases on its own: ``offload``, ``finalize`` or ``never``."""
-    if os.environ.get(RELEASE, "").strip().lower() in _FALSE - {""} | {"none"}:
-        return "never"
-    return _choice(RELEASE, ("offload", "finalize", "never"), "offload")
+    return _read(RELEASE, _parse_release)
 
 
 def seconds(value, what, allow_zero=False):
@@ -154,44 +310,21 @@ def seconds(value, what, allow_zero=False):
                      f"not {value!r}")
 
 
-def _seconds_env(name, default, allow_zero=False):
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return seconds(float(raw), name, allow_zero)
-    except ValueError:
-        _invalid(name, raw, f"is not a number of seconds {'>= 0' if allow_zero else '> 0'} "
-                 f"(or inf); using {default:g}")
-        return default
-
-
 def release_timeout():
     """Seconds to wait for the worker during ``release()`` (infinity: no limit)."""
-    return _seconds_env(RELEASE_TIMEOUT, 60.0)
+    return _read(RELEASE_TIMEOUT, _parse_release_timeout)
 
 
 def stall_timeout():
     """Seconds of no progress before the stall ERROR; infinity when turned off."""
-    value = _seconds_env(STALL_TIMEOUT, 300.0, allow_zero=True)
-    return float("inf") if value == 0 else value
+    return _read(STALL_TIMEOUT, _parse_stall_timeout)
 
 
 def pin_ahead():
     """Does a prewarmed worker pin host memory for its first save (``NVRX_IPC_FIX_PIN``)?"""
-    raw = os.environ.get(PIN, "").strip().lower()
-    if raw in _TRUE or not raw:
-        return True
-    if raw not in _FALSE | {"never", "none"}:
-        _invalid(PIN, raw, "is not on or off; using on")
-    return False
+    return _read(PIN, _parse_pin)
 
 
 def prewarm_at_start():
     """Does a persistent queue start its worker when it is created (``NVRX_IPC_FIX_PREWARM``)?"""
-    raw = os.environ.get(PREWARM, "").strip().lower()
-    if raw in _TRUE or raw == "start":
-        return True
-    if raw not in _FALSE | {"never", "none"}:
-        _invalid(PREWARM, raw, "is not start or off; using off")
-    return False
+    return _read(PREWARM, _parse_prewarm)

@@ -242,7 +242,7 @@ def _target_state(target, State):
         return State.ERROR, f"hook failed: {errors[target.name]}"
     if not _active:
         if _config.disabled_fixes(tuple(FIXES)) is None:
-            return State.DISABLED, f"{_config.DISABLE}=1"
+            return State.DISABLED, _config.off_reason()
         if target in _patches:
             return State.DISABLED, "deactivated; wrapper left inert under another wrapper"
         return State.DISABLED, "deactivated" if _source else "not activated"

@@ -10,6 +10,12 @@ there (checkpoints saved in that worker run without the fix).
 """
 
 import os
+import re
+from collections.abc import Mapping
+
+#: The string hook: it stops every worker whose environment cannot import this package.
+STRING_HOOK = "nvrx_ipc_fix.ray_worker_setup"
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 def ray_runtime_env(runtime_env=None):
@@ -20,11 +26,26 @@ def ray_runtime_env(runtime_env=None):
 
     Variables already in ``env_vars`` are kept. A ``worker_process_setup_hook`` already there
     (a callable or a ``"module.function"`` string) still runs, after this package's, and its
-    errors are Ray's as before. Ray takes the hook from the job's ``runtime_env`` only
-    (``ray.init``, job submission), not from an actor's or a task's options.
+    errors are Ray's as before; this package's own hook (``ray_runtime_env`` applied twice,
+    or the string ``"nvrx_ipc_fix.ray_worker_setup"``) is not run twice. ``TypeError`` or
+    ``ValueError`` for what Ray cannot take: a ``runtime_env`` that is not a dict or ``None``,
+    ``env_vars`` that do not map ``str`` to ``str``, a hook string that is not dotted.
+    Ray takes the hook from the job's ``runtime_env`` only (``ray.init``, job submission),
+    not from an actor's or a task's options.
     """
+    if runtime_env is not None and not isinstance(runtime_env, Mapping):
+        raise TypeError(f"runtime_env must be a dict (Ray's runtime_env) or None, not "
+                        f"{type(runtime_env).__name__}: {runtime_env!r:.80}")
     env = dict(runtime_env or {})
-    env_vars = dict(env.get("env_vars") or {})
+    given = env.get("env_vars")
+    if given is not None and not isinstance(given, Mapping):
+        raise TypeError(f"runtime_env['env_vars'] must be a dict of str to str or None, not "
+                        f"{type(given).__name__}")
+    env_vars = dict(given or {})
+    bad = [(k, v) for k, v in env_vars.items() if not (isinstance(k, str) and isinstance(v, str))]
+    if bad:
+        raise TypeError(f"runtime_env['env_vars'] must map str to str (Ray's rule); "
+                        f"{bad[0][0]!r}: {bad[0][1]!r} is not")
     for name, value in os.environ.items():
         if name.startswith("NVRX_IPC_FIX_"):
             env_vars.setdefault(name, value)
@@ -35,9 +56,14 @@ def ray_runtime_env(runtime_env=None):
 
 
 def _hook(then):
+    if getattr(then, "__name__", None) == "nvrx_ipc_fix_setup" or then == STRING_HOOK:
+        then = None  # ours already (ray_runtime_env applied twice, or the string form)
     if then is not None and not (callable(then) or isinstance(then, str)):
         raise TypeError(f"worker_process_setup_hook must be a callable or a string, got "
                         f"{type(then).__name__}")
+    if isinstance(then, str) and not _DOTTED.fullmatch(then):
+        raise ValueError(f"worker_process_setup_hook must be a callable or a "
+                         f"'module.function' string, not {then!r}")
 
     def nvrx_ipc_fix_setup():
         """Activate nvrx_ipc_fix in this Ray worker if it is importable (source ray-hook)."""

@@ -29,7 +29,7 @@ from ..fixes import prewarm as _prewarm
 from .detect import CORE
 from .log import logger
 
-STRATEGIES = ("flush", "terminate", "restart")
+STRATEGIES = _config.STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,11 @@ def _release(queue, strategy, timeout):
         _released_at[q] = q.call_idx
         released += 1
     trainer_cache.clear()
-    cleaned = _cleanup.clear_trainer_caches(f"release ({strategy})", free_before, keys)
+    cleaned = None
+    if released or keys:
+        cleaned = _cleanup.clear_trainer_caches(f"release ({strategy})", free_before, keys)
+    else:  # nothing was held: no cleanup to run (or count), only the guard's records to drop
+        _cleanup.forget_keys()
     freed = (cleaned.freed_bytes or 0) if cleaned is not None else 0
     pin = (sum(_prewarm.planned_pin_bytes(q) for q in queues) if strategy == "restart" else 0)
     report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,

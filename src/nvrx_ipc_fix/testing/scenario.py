@@ -72,6 +72,24 @@ IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
          "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
 STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
 HUNG = threading.Event()  # set once the watchdog has reported a hang
+_scratch = None  # main()'s temp directory: this process's and its children's TMPDIR
+
+
+def _use_scratch(path):
+    """Make ``path`` the temp directory of this process and of the processes it starts
+    (NVRx's worker and results manager, multiprocessing's ``pymp-*`` directories), so that
+    removing it removes all they left: at the end, after multiprocessing's own clean-up, or
+    at the hang exit, which skips every clean-up. Not where ``path`` is too long for a
+    manager's socket below it (``scenario_runner.fits``)."""
+    global _scratch
+    from multiprocessing import util
+
+    from .scenario_runner import fits
+
+    _scratch = path
+    if fits(path):  # else the processes keep their TMPDIR, and the hang exit removes only path
+        os.environ["TMPDIR"] = tempfile.tempdir = path
+    util.Finalize(None, shutil.rmtree, (path,), {"ignore_errors": True}, exitpriority=-200)
 
 
 def _stopped(process):
@@ -591,8 +609,13 @@ class _Watchdog:
         print(json.dumps(self.report), flush=True)
         if dist.is_initialized() and dist.get_world_size() > 1:
             time.sleep(self.timeout)  # stay hung, so that the other ranks see a hang too
-        for child in multiprocessing.active_children():
+        children = multiprocessing.active_children()
+        for child in children:
             child.kill()
+        for child in children:
+            child.join(5)
+        if _scratch is not None:  # os._exit runs no clean-up
+            shutil.rmtree(_scratch, ignore_errors=True)
         os._exit(0)
 
 
@@ -616,10 +639,11 @@ def main(argv=None):
                         help="one blocking finalize, or a training loop's non-blocking polls")
     parser.add_argument("--no-dist", action="store_true", help="finalize with no_dist=True")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-") as scratch:
-        report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
-                     args.numel, not args.no_cache, args.rank, args.world_size, args.impl,
-                     args.finalize, args.no_dist)
+    scratch = tempfile.mkdtemp(prefix="nvrx-ipc-fix-")
+    _use_scratch(scratch)  # removed at exit, however the run ends
+    report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
+                 args.numel, not args.no_cache, args.rank, args.world_size, args.impl,
+                 args.finalize, args.no_dist)
     print(json.dumps(report), flush=True)
     return 0
 
