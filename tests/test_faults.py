@@ -205,13 +205,14 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
 @pytest.mark.soak
 def test_fifty_failures_and_recoveries_leak_no_descriptors_semaphores_or_threads():
     """Each dead worker's queues (19 POSIX semaphores, pipes) and process are let go: 50
-    failures leave what one left."""
+    failures leave no more than one left."""
     steps = ["save", "fault-kill", "save", "resources"] + ["fault-kill", "save"] * 49
     report = scenario(steps + ["resources"], timeout=30, tensors=2, numel=64)
     assert report["hang"] is None, report["stderr"]
     assert len(report["faults"]) == 50 and loaded(report) == [0] * 51
     one, fifty = report["resources"]
-    assert fifty == one, report["resources"]
+    # none grows (an fd the first failure's clean-up still held may be closed since)
+    assert all(fifty[kind] <= one[kind] for kind in one), report["resources"]
 
 
 def two_ranks(tmp_path, steps, fix=True, timeout=20, impl="nvrx", finalize="blocking"):
