@@ -190,9 +190,11 @@ def _parse_stall_timeout(raw):
 
 
 def _parse_pin(raw):
-    if raw in _FALSE | {"never", "none"} and raw:
+    if raw in _TRUE or not raw:
+        return True, None
+    if raw in _FALSE | {"never", "none"}:
         return False, None
-    return True, (None if raw in _TRUE or not raw else "is not on or off; using on")
+    return True, "is not on or off; using on"
 
 
 def _parse_prewarm(raw):
