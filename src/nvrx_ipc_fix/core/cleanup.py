@@ -13,7 +13,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..fixes import stale_guard as _stale_guard
 from .detect import writer_class
 from .log import logger
 
@@ -84,7 +83,9 @@ def forget_keys() -> None:
             cache = getattr(writer, name, None)
             if cache:
                 cache.clear()
-    _stale_guard.forget_all()
+    guard = sys.modules.get("nvrx_ipc_fix.fixes.stale_guard")  # its records, if it ran
+    if guard is not None:
+        guard.forget_all()
 
 
 def clear_trainer_caches(reason: str, free_before: int | None = None,
