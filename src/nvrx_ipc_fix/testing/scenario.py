@@ -118,7 +118,8 @@ class Trainer:
         self.numel = numel
         self.names = [f"rank{rank}.layer{i}.weight" for i in range(n_tensors)]
         self.pending = []  # (path, version) of saves scheduled but not finalized
-        if not dist.is_initialized():
+        self.owns_group = not dist.is_initialized()  # run() destroys the group it made
+        if self.owns_group:
             if self.cuda:
                 torch.cuda.set_device(rank % torch.cuda.device_count())
             # torchrun sets MASTER_ADDR/RANK/WORLD_SIZE; otherwise ranks meet in a shared file
@@ -380,6 +381,8 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     report["pinned_bytes"] = nvrx_ipc_fix.status().pinned_bytes
     watchdog.begin(len(steps))  # the close at the end must not hang either
     trainer.close()
+    if trainer.owns_group:  # else NCCL's teardown at exit can hang (megatron-core 0.19.2 loaded)
+        dist.destroy_process_group()
     watchdog.end()
     return report
 
