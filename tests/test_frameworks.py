@@ -1,12 +1,11 @@
-"""Megatron-LM's and Megatron-Bridge's ``maybe_finalize_async_save(terminate=True)``, called
-through the names other modules bound with ``from X import maybe_finalize_async_save``.
-
-Megatron: the real megatron-core 0.17.1 code (tox env ``py311-megatron-nvrx060-wrapt2``;
-importing ``megatron.training.async_utils`` also runs ``training.py``, which binds the name).
-Bridge: test doubles under ``tests/doubles`` (why: tests/doubles/README.md).
+"""Megatron-LM's ``maybe_finalize_async_save(terminate=True)``, called through the name
+``training.py`` bound with ``from .async_utils import maybe_finalize_async_save``: the real
+megatron-core 0.17.1 code (tox env ``py311-megatron-nvrx060-wrapt2``; importing
+``megatron.training.async_utils`` also runs ``training.py``). Megatron-Bridge's, the real
+megatron-bridge 0.6.2 code: tests/test_bridge.py (its own tox env), with ``STEPS`` and
+``ALIASES`` from here.
 """
 
-import os
 from importlib import metadata
 
 import pytest
@@ -15,7 +14,6 @@ from conftest import expect, needs_cache, run_python, scenario
 
 pytestmark = needs_cache
 
-DOUBLES = os.path.join(os.path.dirname(__file__), "doubles")
 try:
     MEGATRON_CORE = metadata.version("megatron-core")
 except metadata.PackageNotFoundError:
@@ -37,41 +35,28 @@ VIA_MEGATRON = """
         _training.maybe_finalize_async_save(True, terminate=True)  # blocking passed positionally
     _s.Trainer.close = _close
 """
-VIA_BRIDGE = f"""
-    import sys, types
-    sys.path.insert(0, {DOUBLES!r})
-    from megatron.bridge.models.megatron_mimo.conversion import mimo_model_io as _io
-    from nvrx_ipc_fix.testing import scenario as _s
-    def _close(self):
-        _io.maybe_finalize_async_save(types.SimpleNamespace(async_calls_queue=self.queue),
-                                      ckpt_cfg=types.SimpleNamespace(async_save=True),
-                                      blocking=True, terminate=True)
-    _s.Trainer.close = _close
-"""
-FRAMEWORKS = [pytest.param(VIA_MEGATRON, id="megatron", marks=needs_megatron),
-              pytest.param(VIA_BRIDGE, id="bridge")]
 STEPS = ["save", "save", "close", "save", "replace", "save"]
 
 
 @pytest.mark.worker
-@pytest.mark.parametrize("prelude", FRAMEWORKS)
-def test_terminate_then_save_hangs_without_the_package(prelude):
-    report = scenario(STEPS, prelude=prelude, fix=False)
+@needs_megatron
+def test_terminate_then_save_hangs_without_the_package():
+    report = scenario(STEPS, prelude=VIA_MEGATRON, fix=False)
     assert expect("hang")
     assert report["hang"]["step"] == 3 and report["cache_miss"], report
 
 
 @pytest.mark.worker
-@pytest.mark.parametrize("prelude", FRAMEWORKS)
-def test_terminate_then_save_works_with_the_package(prelude):
-    report = scenario(STEPS, prelude=prelude)
+@needs_megatron
+def test_terminate_then_save_works_with_the_package():
+    report = scenario(STEPS, prelude=VIA_MEGATRON)
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
 
 
 ALIASES = """
     import inspect, json, sys
-    sys.path.insert(0, {doubles!r})
+    {setup}
     import nvrx_ipc_fix
     {late}
     import {module} as defining
@@ -90,14 +75,10 @@ ALIASES = """
 """
 
 
+@needs_megatron
 @pytest.mark.parametrize("late", [False, True], ids=["activated-first", "activated-late"])
-@pytest.mark.parametrize("module,importer", [
-    pytest.param("megatron.training.async_utils", "megatron.training.training",
-                 marks=needs_megatron, id="megatron"),
-    pytest.param("megatron.bridge.training.checkpointing",
-                 "megatron.bridge.models.megatron_mimo.conversion.mimo_model_io", id="bridge"),
-])
-def test_names_bound_by_from_import_see_the_wrapper(module, importer, late):
-    result = run_python(ALIASES.format(doubles=DOUBLES, module=module, importer=importer,
+def test_names_bound_by_from_import_see_the_wrapper(late):
+    result = run_python(ALIASES.format(setup="", module="megatron.training.async_utils",
+                                       importer="megatron.training.training",
                                        late="nvrx_ipc_fix.deactivate()" if late else ""))
     assert result == {"seen": [not late, True, False], "same_signature": True}
