@@ -1,7 +1,7 @@
 """Run SkyRL 0.4.0's real ``MegatronStrategy`` checkpoint path on the real NVRx worker (CPU);
-print one JSON report. Used by tests/test_skyrl.py, in a child process:
+print one JSON report. Used by tests/test_skyrl.py, in a child process per rank:
 
-    python tests/skyrl_driver.py STEP [STEP ...]
+    python tests/skyrl_driver.py [--rank R --world-size N --dir SHARED] [--timeout S] STEP ...
 
 What SkyRL does (skyrl/backends/skyrl_train/distributed/megatron/megatron_strategy.py, the
 0.4.0 wheel): ``MegatronStrategy.__init__`` sets the module's ``_async_calls =
@@ -17,10 +17,20 @@ Steps: ``async`` (an async save of new values, left pending, as SkyRL leaves it)
 ``async-kill`` (the same, but its worker is SIGKILLed while writing), ``sync`` (a sync
 save), ``kill-idle`` (SIGKILL the idle worker, as the OOM killer would), ``finalize``
 (``finalize_pending_saves``), ``load`` (``load_checkpoint`` of every save not yet loaded
-into a fresh model; counts the tensors whose values are not the ones saved). A step that
-raises is reported (type, message) and the run goes on. A step still running
-``--timeout`` s later, or a few seconds after the worker it waits for died, is reported
-as the hang (``nvrx_ipc_fix.testing.scenario``'s watchdog) and ends the run.
+into a fresh model; counts the tensors whose values are not the ones saved), ``workers``
+(the pids of this rank's live checkpoint workers). A step that
+raises is reported (type, message; the saves a ``CheckpointWorkerError`` names as not saved
+are never loaded) and the run goes on. A step still running ``--timeout`` s later, or a few
+seconds after the worker it waits for died, is reported as the hang
+(``nvrx_ipc_fix.testing.scenario``'s watchdog) and ends the run.
+
+Several ranks (``--world-size``; one process each, gloo, meeting in a file in ``--dir``,
+where the checkpoints go too, as on a shared file system): every rank runs every step, as
+SkyRL's workers do, except that ``kill-idle@R`` and ``async-kill@R`` kill rank R's worker
+only (the other ranks skip the kill, or save normally). Each rank's tensors are its own
+shard of each global tensor, with its own values. A rank still in a collective a few seconds
+after another rank reported a hang is reported as stranded there (it waits for that rank,
+which never comes); the ranks leave together once each has reported or ended (files in ``--dir``).
 
 On the CPU, NVRx's queue is made with ``cpu_shm_mode=True`` (its worker must not set a
 CUDA device) and the model's tensors are ``fakecuda`` tensors: the documented CUDA stand-in.
@@ -30,21 +40,27 @@ finalizes) before the next save. A sync save is written by the trainer itself, w
 it gets the same storage as plain CPU tensors.
 """
 
+import argparse
 import json
+import multiprocessing
 import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import types
 
-import stand_ins
+STARTED = time.monotonic()
+
+import stand_ins  # noqa: E402
 
 stand_ins.install()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import nvrx_ipc_fix  # noqa: E402
 from nvrx_ipc_fix.testing import fakecuda, faults, scenario  # noqa: E402
 from nvrx_ipc_fix.fixes.worker_watch import caller_of, process_of  # noqa: E402
 
@@ -52,6 +68,7 @@ from megatron.core.dist_checkpointing.mapping import ShardedTensor  # noqa: E402
 from skyrl.backends.skyrl_train.distributed.megatron import megatron_strategy as ms  # noqa: E402
 
 N_TENSORS, NUMEL, TIMEOUT = 4, 256, 30.0
+PEER_GRACE = 3.0  # a rank in a collective this long after a peer hung is stranded
 
 
 class CpuQueue(ms.AsyncCallsQueue):
@@ -60,34 +77,36 @@ class CpuQueue(ms.AsyncCallsQueue):
     def __init__(self, persistent=False):
         super().__init__(persistent=persistent, cpu_shm_mode=True)
         fakecuda.mark_queue(self)
+        self.versions = {}  # the queue's call_idx of each save scheduled on it -> its version
 
 
 class Model(torch.nn.Module):
     """The module SkyRL unwraps: ``sharded_state_dict()`` for saves, ``load_state_dict``."""
 
-    def __init__(self, device):
+    def __init__(self, device, rank=0, world_size=1):
         super().__init__()
+        self.rank, self.world_size = rank, world_size
         zeros = [torch.zeros(NUMEL) for _ in range(N_TENSORS)]
         self.tensors = [fakecuda.on_fake_device(t) if device else t for t in zeros]
         self.loaded = None
         self.on_host = False  # a sync save: the trainer writes, from the same storage
 
     def sharded_state_dict(self):
-        return {f"layer{i}.weight": ShardedTensor.from_rank_offsets(
+        return {f"layer{i}.weight": ShardedTensor.from_rank_offsets(  # this rank's shard
             f"layer{i}.weight", t.as_subclass(torch.Tensor) if self.on_host else t,
-            replica_id=0) for i, t in enumerate(self.tensors)}
+            (0, self.rank, self.world_size), replica_id=0) for i, t in enumerate(self.tensors)}
 
     def load_state_dict(self, state_dict, strict=True):
         self.loaded = {k: v.as_subclass(torch.Tensor).clone() for k, v in state_dict.items()}
 
 
-def expected(version, i):
-    return float(version * 1000 + i)
+def expected(version, i, rank):
+    return float(version * 1000 + i * 10 + rank)
 
 
 class Run:
-    def __init__(self, directory):
-        self.directory = directory
+    def __init__(self, directory, rank=0, world_size=1):
+        self.directory, self.rank, self.world_size = directory, rank, world_size
         self.config = types.SimpleNamespace(
             tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
             expert_model_parallel_size=1, expert_tensor_parallel_size=1,
@@ -96,7 +115,7 @@ class Run:
         self.strategy = ms.MegatronStrategy(self.config)
         self.strategy.setup_distributed()
         self.strategy.hf_config = types.SimpleNamespace(save_pretrained=lambda path: None)
-        self.model = Model(device=True)
+        self.model = Model(device=True, rank=rank, world_size=world_size)
         self.version = 0
         self.saves = []  # {"version", "path", "mode", "stale", "lost"}
         self.queues = [id(ms._async_calls)]
@@ -108,7 +127,7 @@ class Run:
         self.version += 1
         with torch.no_grad():
             for i, t in enumerate(self.model.tensors):
-                t.fill_(expected(self.version, i))
+                t.fill_(expected(self.version, i, self.rank))
         path = os.path.join(self.directory, f"global_step_{self.version}")
         self.saves.append({"version": self.version, "path": path, "mode": mode,
                            "stale": None, "lost": False})
@@ -121,28 +140,39 @@ class Run:
                 queue, request._replace(async_fn=faults.kill_self))
         try:
             self.strategy.save_checkpoint(types.SimpleNamespace(actor_module=[self.model]),
-                                          path, node_local_rank=0)
+                                          path, node_local_rank=self.rank)
         except BaseException:
             self.saves[-1]["lost"] = True  # this save did not happen: nothing to load
             raise
         finally:
             queue.__dict__.pop("schedule_async_request", None)
-        if mode == "async-kill":
-            self.saves[-1]["lost"] = True  # never loaded: the error says so
+        if mode != "sync":  # scheduled on that queue, as its call_idx
+            queue.versions[queue.call_idx] = self.version
         if id(ms._async_calls) not in self.queues:
             self.queues.append(id(ms._async_calls))
 
+    def lost(self, error):
+        """The saves ``error`` names as not saved (``err.lost_saves``: the queue's call_idx)
+        are never loaded."""
+        versions = getattr(ms._async_calls, "versions", {})
+        lost = {versions.get(i) for i in getattr(error, "lost_saves", ()) or ()}
+        for save in self.saves:
+            if save["version"] in lost:
+                save["lost"] = True
+
     def load(self):
+        self.strategy.finalize_pending_saves()  # as load_checkpoint does first: may raise
         for save in self.saves:
             if save["stale"] is not None or save["lost"]:
                 continue
-            fresh = Model(device=False)
+            fresh = Model(device=False, rank=self.rank, world_size=self.world_size)
             save["stale"] = N_TENSORS  # unless it loads
             self.strategy.load_checkpoint(types.SimpleNamespace(actor_module=[fresh]),
                                           save["path"], load_optimizer_states=False,
                                           load_lr_scheduler_states=False)
             save["stale"] = sum(
-                not torch.all(fresh.loaded[f"layer{i}.weight"] == expected(save["version"], i))
+                not torch.all(fresh.loaded[f"layer{i}.weight"]
+                              == expected(save["version"], i, self.rank))
                 for i in range(N_TENSORS))
 
     def kill_idle(self):
@@ -152,33 +182,129 @@ class Run:
             time.sleep(0.05)
 
 
-def main(steps):
-    directory = tempfile.mkdtemp(prefix="skyrl-")
+def waiting_in():
+    """The torch.distributed call (``distributed_c10d``) the main thread is in, or None."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if os.path.basename(frame.f_code.co_filename) == "distributed_c10d.py":
+            return frame.f_code.co_name
+        frame = frame.f_back
+    return None
+
+
+class Watchdog(scenario._Watchdog):
+    """``scenario``'s watchdog (a step past ``timeout``, or a few seconds past its worker's
+    death, is the hang), for several ranks: a rank that waits in a torch.distributed call
+    ``PEER_GRACE`` s after another rank reported a hang is reported as stranded there (the
+    hang names the call, ``waiting_in``); a rank that reported waits
+    (up to ``timeout``) until every rank has reported or ended, then ends its workers and
+    leaves. Ranks tell each other by files in the shared directory."""
+
+    def __init__(self, run, report, timeout, directory, rank, world_size):
+        self.rank, self.lock = rank, threading.Lock()
+        self.mark = lambda kind, r: os.path.join(directory, f"{kind}.{r}")
+        self.others = [r for r in range(world_size) if r != rank]
+        super().__init__(run, report, timeout)
+        if self.others:
+            threading.Thread(target=self._peers, daemon=True).start()
+
+    def ended(self, kind):
+        """Tell the other ranks that this one ``hung`` or ``ended``."""
+        with open(self.mark(kind, self.rank) + ".tmp", "w") as f:
+            f.write(str(time.time()))
+        os.replace(self.mark(kind, self.rank) + ".tmp", self.mark(kind, self.rank))
+
+    def _peer_hung_at(self):
+        times = []
+        for r in self.others:
+            try:
+                times.append(os.path.getmtime(self.mark("hung", r)))
+            except OSError:
+                pass
+        return min(times, default=None)
+
+    def _peers(self):
+        while True:
+            time.sleep(0.2)
+            step, hung_at = self.step, self._peer_hung_at()
+            if step is None or hung_at is None:
+                continue
+            if (time.time() - hung_at > PEER_GRACE and waiting_in() is not None
+                    and step == self.step):
+                self._hang(step, time.monotonic(), False, stranded=True)
+
+    def _hang(self, step, now, died, stranded=False):
+        with self.lock:
+            if scenario.HUNG.is_set():
+                return
+            self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
+                                   "worker_died": died, "stranded": stranded,
+                                   "waiting_in": waiting_in()}
+            self.report["fix"] = scenario._fix_states()
+            scenario.HUNG.set()
+            print(json.dumps(self.report), flush=True)
+            self.ended("hung")
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline and not all(
+                os.path.exists(self.mark("hung", r)) or os.path.exists(self.mark("ended", r))
+                for r in self.others):
+            time.sleep(0.2)
+        children = multiprocessing.active_children()
+        for child in children:
+            child.kill()
+        for child in children:
+            child.join(5)
+        os._exit(0)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(prog="skyrl_driver.py")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--dir", default=None, help="shared by the ranks (default: a new one)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT)
+    parser.add_argument("steps", nargs="+")
+    args = parser.parse_args(argv)
+    rank, steps = args.rank, args.steps
+    directory = args.dir or tempfile.mkdtemp(prefix="skyrl-")
     fakecuda.install()
     ms.AsyncCallsQueue = CpuQueue  # before MegatronStrategy makes its first queue
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{directory}/pg")
-    report = {"steps": steps, "errors": [], "hang": None, "fix": scenario._fix_states()}
-    run = Run(directory)
-    watchdog = scenario._Watchdog(run, report, TIMEOUT)
+    dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
+                            init_method=f"file://{directory}/pg")
+    report = {"steps": steps, "rank": rank, "errors": [], "hang": None,
+              "fix": scenario._fix_states(), "package": nvrx_ipc_fix.__file__,
+              "started_s": round(time.monotonic() - STARTED, 2), "step_s": [], "workers": []}
+    run = Run(directory, rank, args.world_size)
+    watchdog = Watchdog(run, report, args.timeout, directory, rank, args.world_size)
     actions = {"async": lambda: run.save("async"), "async-kill": lambda: run.save("async-kill"),
                "sync": lambda: run.save("sync"), "kill-idle": run.kill_idle,
-               "finalize": run.strategy.finalize_pending_saves, "load": run.load}
+               "finalize": run.strategy.finalize_pending_saves, "load": run.load,
+               "workers": lambda: report["workers"].append(scenario.checkpoint_workers())}
     for index, step in enumerate(steps):
+        step, _, only = step.partition("@")  # kill-idle@R, async-kill@R: rank R's worker only
+        if only and int(only) != rank:
+            if step == "kill-idle":
+                report["step_s"].append(None)  # another rank's
+                continue
+            step = "async"
         watchdog.begin(index)
         report["saves"] = run.saves  # the watchdog prints the report as it is
         try:
             actions[step]()
         except BaseException as exc:  # torch's CheckpointException is a BaseException
-            if scenario.HUNG.is_set():
-                raise
+            if scenario.HUNG.is_set():  # reported; a peer's exit broke the collective
+                threading.Event().wait()  # the watchdog ends the process
             report["errors"].append({"step": index, "type": type(exc).__name__,
                                      "message": str(exc).splitlines()[0][:300]})
+            run.lost(exc)
         watchdog.end()
+        report["step_s"].append(round(time.monotonic() - watchdog.started, 2))
     report["queues"] = len(run.queues)
     watchdog.begin(len(steps))
     ms._async_calls.close()  # the end of the job must not hang either
     watchdog.end()
     print(json.dumps(report), flush=True)
+    watchdog.ended("ended")
     return 0
 
 
