@@ -18,7 +18,7 @@ Steps: ``async`` (an async save of new values, left pending, as SkyRL leaves it)
 save), ``kill-idle`` (SIGKILL the idle worker, as the OOM killer would), ``finalize``
 (``finalize_pending_saves``), ``load`` (``load_checkpoint`` of every save not yet loaded
 into a fresh model; counts the tensors whose values are not the ones saved), ``workers``
-(the pids of this rank's live checkpoint workers). A step that
+(this rank's live child processes: pid, name). A step that
 raises is reported (type, message; the saves a ``CheckpointWorkerError`` names as not saved
 are never loaded) and the run goes on. A step still running ``--timeout`` s later, or a few
 seconds after the worker it waits for died, is reported as the hang
@@ -30,7 +30,7 @@ SkyRL's workers do, except that ``kill-idle@R`` and ``async-kill@R`` kill rank R
 only (the other ranks skip the kill, or save normally). Each rank's tensors are its own
 shard of each global tensor, with its own values. A rank still in a collective a few seconds
 after another rank reported a hang is reported as stranded there (it waits for that rank,
-which never comes); the ranks leave together once each has reported or ended (files in ``--dir``).
+which never comes: see ``Watchdog``); the ranks leave together once each has reported or ended (files in ``--dir``).
 
 On the CPU, NVRx's queue is made with ``cpu_shm_mode=True`` (its worker must not set a
 CUDA device) and the model's tensors are ``fakecuda`` tensors: the documented CUDA stand-in.
@@ -68,7 +68,8 @@ from megatron.core.dist_checkpointing.mapping import ShardedTensor  # noqa: E402
 from skyrl.backends.skyrl_train.distributed.megatron import megatron_strategy as ms  # noqa: E402
 
 N_TENSORS, NUMEL, TIMEOUT = 4, 256, 30.0
-PEER_GRACE = 3.0  # a rank in a collective this long after a peer hung is stranded
+NVRX_CORE = os.path.join("nvidia_resiliency_ext", "checkpointing", "async_ckpt", "core.py")
+PEER_GRACE = 5.0  # a rank in one collective call this long after a peer hung is stranded
 
 
 class CpuQueue(ms.AsyncCallsQueue):
@@ -130,7 +131,8 @@ class Run:
                 t.fill_(expected(self.version, i, self.rank))
         path = os.path.join(self.directory, f"global_step_{self.version}")
         self.saves.append({"version": self.version, "path": path, "mode": mode,
-                           "stale": None, "lost": False})
+                           "stale": None, "lost": False,
+                           "worker_before": getattr(self.worker(), "pid", None)})
         self.config.async_dist_ckpt_save = mode != "sync"
         self.model.on_host = mode == "sync"  # fakecuda: only NVRx's worker may see "cuda"
         queue = ms._async_calls
@@ -182,21 +184,38 @@ class Run:
             time.sleep(0.05)
 
 
-def waiting_in():
-    """The torch.distributed call (``distributed_c10d``) the main thread is in, or None."""
+def main_thread_in(filename):
+    """The innermost frame of the main thread that runs code of ``filename`` (a path's
+    tail), or None."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     while frame is not None:
-        if os.path.basename(frame.f_code.co_filename) == "distributed_c10d.py":
-            return frame.f_code.co_name
+        if frame.f_code.co_filename.endswith(filename):
+            return frame
         frame = frame.f_back
     return None
 
 
+def collective_call():
+    """The frame of the torch.distributed call the main thread is in, or None."""
+    return main_thread_in(os.sep + "distributed_c10d.py")
+
+
+def waiting_in():
+    """The name of that call, or None."""
+    frame = collective_call()
+    return frame and frame.f_code.co_name
+
+
 class Watchdog(scenario._Watchdog):
     """``scenario``'s watchdog (a step past ``timeout``, or a few seconds past its worker's
-    death, is the hang), for several ranks: a rank that waits in a torch.distributed call
-    ``PEER_GRACE`` s after another rank reported a hang is reported as stranded there (the
-    hang names the call, ``waiting_in``); a rank that reported waits
+    death, is the hang), but the seconds after a death count only while the main thread is
+    in NVRx's queue code (``NVRX_CORE``), where it waits on the worker: a step may take
+    longer than that grace to get there (a sync save, before its ``close()``). For several
+    ranks: a rank that has waited in one torch.distributed
+    call for ``PEER_GRACE`` s since another rank reported a hang is reported as stranded
+    there (the hang names the call, ``waiting_in``). The other rank may have been slow to
+    get to where it waits for ever (a step past ``timeout``), so a stranded rank may be reported at a collective it would have passed. A rank
+    that reported waits
     (up to ``timeout``) until every rank has reported or ended, then ends its workers and
     leaves. Ranks tell each other by files in the shared directory."""
 
@@ -223,14 +242,33 @@ class Watchdog(scenario._Watchdog):
                 pass
         return min(times, default=None)
 
-    def _peers(self):
+    def _run(self):  # scenario's rule, but a death counts while the rank waits in NVRx
         while True:
             time.sleep(0.2)
-            step, hung_at = self.step, self._peer_hung_at()
-            if step is None or hung_at is None:
+            step, now = self.step, time.monotonic()
+            if step is None:
                 continue
-            if (time.time() - hung_at > PEER_GRACE and waiting_in() is not None
-                    and step == self.step):
+            worker = self.trainer.worker()
+            if worker is None or worker.exitcode is None or main_thread_in(NVRX_CORE) is None:
+                self.died_at = None  # alive, let go, or not waited on (yet)
+            elif self.died_at is None:
+                self.died_at = now
+            died = self.died_at is not None
+            limit = self.timeout + (60 if step == 0 else 0)  # a cold start under load
+            if (died and now - self.died_at > self.grace) or now - self.started > limit:
+                if step == self.step:
+                    self._hang(step, now, died)
+
+    def _peers(self):
+        call = since = None  # the collective call the main thread is in, and since when
+        while True:
+            time.sleep(0.2)
+            step, hung_at, frame = self.step, self._peer_hung_at(), collective_call()
+            if frame is not call:
+                call, since = frame, time.time()
+            if step is None or hung_at is None or call is None:
+                continue
+            if time.time() - max(hung_at, since) > PEER_GRACE and step == self.step:
                 self._hang(step, time.monotonic(), False, stranded=True)
 
     def _hang(self, step, now, died, stranded=False):
@@ -279,7 +317,8 @@ def main(argv):
     actions = {"async": lambda: run.save("async"), "async-kill": lambda: run.save("async-kill"),
                "sync": lambda: run.save("sync"), "kill-idle": run.kill_idle,
                "finalize": run.strategy.finalize_pending_saves, "load": run.load,
-               "workers": lambda: report["workers"].append(scenario.checkpoint_workers())}
+               "workers": lambda: report["workers"].append(
+                   [(p.pid, p.name) for p in multiprocessing.active_children()])}
     for index, step in enumerate(steps):
         step, _, only = step.partition("@")  # kill-idle@R, async-kill@R: rank R's worker only
         if only and int(only) != rank:
