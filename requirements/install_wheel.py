@@ -47,9 +47,9 @@ def main(args):
         project = requirement.split("==")[0].replace("-", "_")
         for info in glob.glob(os.path.join(purelib, f"{project}-*.dist-info")):
             shutil.rmtree(info)  # another version's metadata would be reported instead
-        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade",
-                   "--ignore-requires-python", "--only-binary=:all:", "--platform", platform,
-                   "--target", purelib, requirement]
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps",
+                   "--upgrade", "--ignore-requires-python", "--only-binary=:all:",
+                   "--platform", platform, "--target", purelib, requirement]
         if python:
             command[-1:-1] = ["--python-version", python]
         subprocess.check_call(command)
