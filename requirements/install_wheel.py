@@ -70,9 +70,9 @@ def main(args):
         for info in glob.glob(os.path.join(purelib, f"{project}-*.dist-info")):
             shutil.rmtree(info)  # another version's metadata would be reported instead
         with tempfile.TemporaryDirectory(dir=purelib) as scratch:
-            command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                       "--ignore-requires-python", "--only-binary=:all:", "--platform",
-                       platform, "--target", scratch, requirement]
+            command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
+                       "--no-deps", "--ignore-requires-python", "--only-binary=:all:",
+                       "--platform", platform, "--target", scratch, requirement]
             if python:
                 command[-1:-1] = ["--python-version", python]
             subprocess.check_call(command)

@@ -10,6 +10,8 @@ import textwrap
 from importlib.util import find_spec
 from pathlib import Path
 
+import pytest
+
 from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process, run_python
 
 
@@ -114,6 +116,7 @@ def test_a_fix_turned_off_by_name_is_disabled_before_and_after_import():
     assert "warn  NVRX_IPC_FIX_DISABLE: 'worker_watch': worker_watch off" in out
 
 
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
 def test_a_reader_that_leaves_early_gets_no_traceback():
     """``python -m nvrx_ipc_fix | head``: stdout's reader is gone before the output."""
     read, write = os.pipe()
@@ -136,6 +139,7 @@ exec(sys.argv[1])" "$2"
 """
 
 
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
 def test_doctor_python_names_an_interpreter_too_old_for_the_package(tmp_path):
     fake = tmp_path / "python2.7"
     fake.write_text(PYTHON27.format(python=sys.executable))
@@ -228,6 +232,7 @@ def test_doctor_with_the_kill_switch_advises_unsetting_it(tmp_path):
     assert seen["code"] == 1 and "Other ways: `import nvrx_ipc_fix` first" in seen["lines"][-1]
 
 
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
 def test_json_before_or_after_the_sub_command(tmp_path):
     def run(*args):
         return run_process([sys.executable, "-m", "nvrx_ipc_fix", *args])

@@ -27,6 +27,9 @@ ALL = ["preload", "raise", "write", "exit", "kill", "idle", "segv", "stop"]
 STALL = {"NVRX_IPC_FIX_STALL_TIMEOUT": "2"}  # fault-stop stops the worker for 6 s
 #: (finalize, no_dist): one blocking finalize or a training loop's polls; NVRx's no_dist
 MODES = [("blocking", False), ("blocking", True), ("poll", False), ("poll", True)]
+#: the modes but the first, marked ``modes`` (tox.ini: not run where the worker's code is
+#: another env's, as NVRx 0.7.0's async_ckpt/core.py is 0.6.0's but for log lines)
+OTHER_MODES = [pytest.param(mode, marks=pytest.mark.modes) for mode in MODES[1:]]
 WORDS = {"preload": "exit code 1", "raise": "exit code 1", "exit": "exit code 3",
          "kill": "killed by SIGKILL", "idle": "while idle (killed by SIGKILL"}
 
@@ -72,7 +75,7 @@ def every_fault():
     return scenario(steps_for(ALL), timeout=30, env=STALL, auto=PTH)
 
 
-@pytest.fixture(scope="module", params=MODES, ids=mode_id)
+@pytest.fixture(scope="module", params=[MODES[0], *OTHER_MODES], ids=mode_id)
 def each_mode(request, every_fault):
     """Every fault that hangs NVRx, in each finalize mode (the blocking, no_dist=False one
     is ``every_fault``'s run)."""
@@ -138,7 +141,7 @@ def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault
     assert "ended after" in recovered["message"] or "progress again" in recovered["message"]
 
 
-@pytest.mark.parametrize("mode", [MODES[0], MODES[2]], ids=mode_id)
+@pytest.mark.parametrize("mode", [MODES[0], OTHER_MODES[1]], ids=mode_id)
 def test_saves_in_flight_behind_a_failed_one_are_named_not_silently_dropped(mode):
     """The worker dies on a save with more saves scheduled behind it: one error names every
     save the dead worker never completed; a save that reached a fresh worker is finalized
