@@ -242,22 +242,10 @@ class Watchdog(scenario._Watchdog):
                 pass
         return min(times, default=None)
 
-    def _run(self):  # scenario's rule, but a death counts while the rank waits in NVRx
-        while True:
-            time.sleep(0.2)
-            step, now = self.step, time.monotonic()
-            if step is None:
-                continue
-            worker = self.trainer.worker()
-            if worker is None or worker.exitcode is None or main_thread_in(NVRX_CORE) is None:
-                self.died_at = None  # alive, let go, or not waited on (yet)
-            elif self.died_at is None:
-                self.died_at = now
-            died = self.died_at is not None
-            limit = self.timeout + (60 if step == 0 else 0)  # a cold start under load
-            if (died and now - self.died_at > self.grace) or now - self.started > limit:
-                if step == self.step:
-                    self._hang(step, now, died)
+    def _worker_dead(self):  # scenario's rule, but a death counts while the rank waits in NVRx
+        worker = self.trainer.worker()
+        return (worker is not None and worker.exitcode is not None
+                and main_thread_in(NVRX_CORE) is not None)
 
     def _peers(self):
         call = since = None  # the collective call the main thread is in, and since when
@@ -287,12 +275,7 @@ class Watchdog(scenario._Watchdog):
                 os.path.exists(self.mark("hung", r)) or os.path.exists(self.mark("ended", r))
                 for r in self.others):
             time.sleep(0.2)
-        children = multiprocessing.active_children()
-        for child in children:
-            child.kill()
-        for child in children:
-            child.join(5)
-        os._exit(0)
+        self.exit()
 
 
 def main(argv):

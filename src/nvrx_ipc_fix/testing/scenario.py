@@ -593,16 +593,21 @@ class _Watchdog:
             step, now = self.step, time.monotonic()
             if step is None:
                 continue
-            worker = self.trainer.worker()
-            if worker is not None and worker.exitcode is None:
+            dead = self._worker_dead()
+            if dead is False:
                 self.died_at = None  # a fresh worker took over
-            elif self.died_at is None and worker is not None:
+            elif dead and self.died_at is None:
                 self.died_at = now
             died = self.died_at is not None
             limit = self.timeout + (60 if step == 0 else 0)  # a cold start under load
             if (died and now - self.died_at > self.grace) or now - self.started > limit:
                 if step == self.step:
                     self._hang(step, now, died)
+
+    def _worker_dead(self):
+        """Has the worker that takes this step died (None: there is none, keep the answer)?"""
+        worker = self.trainer.worker()
+        return None if worker is None else worker.exitcode is not None
 
     def _hang(self, step, now, died):
         self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
@@ -612,6 +617,11 @@ class _Watchdog:
         print(json.dumps(self.report), flush=True)
         if dist.is_initialized() and dist.get_world_size() > 1:
             time.sleep(self.timeout)  # stay hung, so that the other ranks see a hang too
+        self.exit()
+
+    @staticmethod
+    def exit():
+        """End this process's workers and the process, with no clean-up but the scratch."""
         children = multiprocessing.active_children()
         for child in children:
             child.kill()
