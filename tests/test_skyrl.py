@@ -8,6 +8,7 @@ other rank must not be stranded. A save counts only when SkyRL's own ``load_chec
 gives back every value saved, on every rank. Runs in the megatron tox env (skyrl is
 installed there)."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.worker, pytest.mark.skipif(
     reason="skyrl and megatron-core are installed only in the megatron tox env")]
 
 DRIVER = str(Path(__file__).with_name("skyrl_driver.py"))
+PACKAGE = importlib.util.find_spec("nvrx_ipc_fix").origin
 RANKS = 2
 # an async save; rank 0's idle worker killed (OOM killer), then a sync save (close and
 # remake) and an async save on the new queues; rank 1's worker killed while it writes an
@@ -71,9 +73,8 @@ def drive(steps, directory, fix=True, timeout=240):
         out.close(), err.close()
         assert proc.returncode == 0, f"rank {rank}: exit {proc.returncode}\n{errors[-3000:]}"
         report = json.loads(text.strip().splitlines()[-1])
-        # the children import this checkout's package, not an installed one
-        assert report["package"] == str(Path(__file__).parents[1] / "src" / "nvrx_ipc_fix"
-                                        / "__init__.py"), report["package"]
+        # the children import the package these tests import (tox: the installed wheel)
+        assert report["package"] == PACKAGE, (report["package"], PACKAGE)
         assert report["fix"]["worker_watch"] == ("active" if fix else "disabled")
         reports.append(report)
     return reports
