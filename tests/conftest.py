@@ -114,11 +114,12 @@ def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, e
 
 
 def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, numel=512,
-             env=None, finalize="blocking", no_dist=False):
+             env=None, finalize="blocking", no_dist=False, starts="spawn"):
     """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.testing.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
-    ``no_dist`` choose how saves are finalized (``scenario.Trainer``). The scenario's watchdog
+    ``no_dist`` choose how saves are finalized, ``starts`` how NVRx starts its workers
+    (``scenario.Trainer``: ``forkserver`` where a cold start is not the subject). The scenario's watchdog
     reports a hang as soon as the worker died, or after ``timeout`` s in one save; this
     process's backstop kills everything later. Returns the report, with ``cache_miss``
     (the worker printed "Worker cache miss") added.
@@ -130,7 +131,8 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
         with tempfile.TemporaryDirectory() as d:
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
                                           n_tensors={tensors}, numel={numel},
-                                          finalize={finalize!r}, no_dist={no_dist!r})))
+                                          finalize={finalize!r}, no_dist={no_dist!r},
+                                          starts={starts!r})))
     """
     rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix,
                                auto=auto, env=env, timeout=timeout * 2 + 30 * len(steps))

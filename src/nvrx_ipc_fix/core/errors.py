@@ -44,3 +44,36 @@ def _rebuild(cls, message, attributes):
     RuntimeError.__init__(error, message)
     error.__dict__.update(attributes)
     return error
+
+
+#: What stops a call at once (an interrupt, an exit): never held back to be raised later.
+STOP = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def add_note(exc, text):
+    """Add ``text`` to ``exc``'s traceback (a note; Python 3.10 has none: nothing)."""
+    add = getattr(exc, "add_note", None)
+    if add is not None:
+        add(text)
+
+
+def annotate(exc, failure):
+    """``exc`` ends a call that had met ``failure`` (a failed checkpoint) first: show both."""
+    add_note(exc, f"nvrx_ipc_fix: before this error, the same call had met a failed "
+                  f"checkpoint: {type(failure).__name__}: {str(failure).splitlines()[0]}")
+    if exc.__context__ is None:
+        exc.__context__ = failure
+
+
+def deliver(failure, call):
+    """Run ``call()`` (the work of the user's call that the package finalized in), then raise
+    ``failure``, a failure of the checkpoint met on the way, if any. Where ``call()`` raises
+    too, its exception propagates, ``failure`` shown with it (``annotate``)."""
+    if failure is None:
+        return call()
+    try:
+        call()
+    except BaseException as exc:
+        annotate(exc, failure)
+        raise
+    raise failure

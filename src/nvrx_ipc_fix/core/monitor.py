@@ -89,7 +89,7 @@ class _Monitor:
     def add(self, wait):
         with self.lock:
             self.waits.append(wait)
-            if self.thread is None:
+            if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="nvrx_ipc_fix-monitor",
                                                daemon=True)
                 self.thread.start()
@@ -111,27 +111,46 @@ class _Monitor:
         logger.warning("rank %s: " + message, rank(), *args)
 
     def _run(self):
+        """Look every tick, for ever: an error in one look (the package's own defect, a
+        setting's warning raised under ``-W error``) is reported and the watch goes on, since
+        the waits it watches end only here."""
         while True:
-            with self.lock:
-                waits = list(self.waits)
-            bound = _config.stall_timeout()
-            tick = min(1.0, max(0.05, bound / 4))
-            sentinels = {}
-            for wait in waits:
-                process = started_process(wait.process_of()) if wait.process_of else None
-                if process is not None and wait.exitcode is None:
-                    sentinels[process.sentinel] = (wait, process)
             try:
-                ready = connection.wait(list(sentinels), tick) if sentinels else time.sleep(tick)
-            except OSError:  # a sentinel closed under us: look again
-                continue
-            for handle in ready or ():
-                self._died(*sentinels[handle])
-            now = time.monotonic()
-            for wait in waits:
-                if now - wait.sampled_at >= tick:  # a short wait is never sampled
-                    wait.sampled_at = now
-                    self._check_progress(wait, now, bound)
+                self._look()
+            except BaseException as exc:  # nothing must end this thread
+                self._failed(exc)
+                time.sleep(0.05)
+
+    def _look(self):
+        with self.lock:
+            waits = list(self.waits)
+        bound = _config.stall_timeout()
+        tick = min(1.0, max(0.05, bound / 4))
+        sentinels = {}
+        for wait in waits:
+            process = started_process(wait.process_of()) if wait.process_of else None
+            if process is not None and wait.exitcode is None:
+                sentinels[process.sentinel] = (wait, process)
+        try:
+            ready = connection.wait(list(sentinels), tick) if sentinels else time.sleep(tick)
+        except OSError:  # a sentinel closed under us: look again
+            return
+        for handle in ready or ():
+            self._died(*sentinels[handle])
+        now = time.monotonic()
+        for wait in waits:
+            if now - wait.sampled_at >= tick:  # a short wait is never sampled
+                wait.sampled_at = now
+                self._check_progress(wait, now, bound)
+
+    @staticmethod
+    def _failed(exc):
+        try:
+            from .log import hook_failed
+
+            hook_failed("nvrx_ipc_fix.core.monitor", exc)
+        except BaseException:  # the report itself raised (-W error): the watch goes on
+            pass
 
     def _died(self, wait, process):
         code = exitcode(process)

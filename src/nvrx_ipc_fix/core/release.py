@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from queue import Empty
 
 from . import cleanup as _cleanup, config as _config
+from .errors import STOP, annotate, deliver
 from ..fixes import prewarm as _prewarm
 from .detect import CORE
 from .log import logger
@@ -109,17 +110,47 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
     Arguments are checked before anything is touched. Interrupted at any step, it leaves
     NVRx as usable as before: the next save succeeds (with a fresh worker, if needed).
     """
+    report, failure = released(queue, *_arguments(queue, strategy, timeout))
+    if failure is not None:
+        raise failure
+    return report
+
+
+def _arguments(queue, strategy, timeout):
+    """``(strategy, timeout)`` checked and defaulted; ``queue`` checked."""
     strategy = check_strategy(_config.strategy() if strategy is None else strategy)
     timeout = (_config.release_timeout() if timeout is None
                else _config.seconds(timeout, "timeout"))
     if queue is not None and not callable(getattr(queue, "maybe_finalize_async_calls", None)):
         raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
                         f"{type(queue).__name__}")
+    return strategy, timeout
+
+
+def released(queue, strategy, timeout):
+    """``release()``'s work, arguments checked: ``(report, failure)``. ``failure`` is what
+    finalizing the pending saves raised (a dead worker, NVRx's or torch's error), held back
+    until the release is done, for the caller to raise; the package's own defects raise."""
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
         return _release(queue, strategy, timeout)
     finally:
         _local.depth -= 1
+
+
+def _finalize(queue):
+    """Finalize ``queue``'s pending saves as its own finalize does (``no_dist`` as the last
+    ``maybe_finalize_async_calls`` call on it, NVRx's default before any): no rank enters a
+    collective here that its peers' own finalize would not. Returns the failure, if any."""
+    from ..fixes.worker_watch import finalize_no_dist
+
+    try:
+        queue.maybe_finalize_async_calls(blocking=True, no_dist=finalize_no_dist(queue))
+    except STOP:
+        raise
+    except BaseException as failure:  # torch's CheckpointException is a BaseException
+        return failure
+    return None
 
 
 def _release(queue, strategy, timeout):
@@ -130,14 +161,14 @@ def _release(queue, strategy, timeout):
     if caller_class is None or not hasattr(caller_class, "_worker_data_cache"):
         why = "NVRx is not imported" if caller_class is None else "this NVRx has no worker cache"
         return ReleaseReport(strategy, 0, time.perf_counter() - start, 0, False, False, 0,
-                             (f"all: {why}",))
+                             (f"all: {why}",)), None
     if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
         raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
                         f"{type(queue).__name__}")
     queues = [queue] if queue is not None else core.AsyncCallsQueue.get_instances()
     trainer_cache = caller_class._worker_data_cache  # the sync path's
     keys = _cleanup.cached_key_count() + len(trainer_cache)
-    skipped, errors, released, kept, terminated = [], [], 0, False, False
+    skipped, errors, released, kept, terminated, failure = [], [], 0, False, False, None
     if not queues:
         skipped.append("queues: no live AsyncCallsQueue")
     for q in queues:
@@ -146,7 +177,10 @@ def _release(queue, strategy, timeout):
             skipped.append(f"{label}: cpu_shm_mode holds no IPC handles")
             continue
         if q.get_num_unfinalized_calls():
-            q.maybe_finalize_async_calls(blocking=True)  # collective: all ranks, same order
+            failure = failure or _finalize(q)
+            if q.get_num_unfinalized_calls():  # a failure that finalized nothing
+                skipped.append(f"{label}: saves still pending after a failed finalize")
+                continue
         stopped = False
         if _prewarm.idle(q):  # a worker waits for q's first save: it holds no IPC mappings
             if strategy == "flush":
@@ -193,7 +227,7 @@ def _release(queue, strategy, timeout):
     if released:
         _cleanup.totals.releases += 1
         logger.info(report.summary())
-    return report
+    return report, failure
 
 
 def run_in_worker(queue, function, args, timeout):
@@ -247,8 +281,18 @@ def _answer(caller, process, timeout):
 @contextmanager
 def offloading(queue=None, *, strategy=None, timeout=None):
     """``with offloading():`` releases first, for code that moves model or optimizer storage;
-    with ``restart``, the block's normal exit starts the next worker (``prewarm``)."""
-    report = release(queue, strategy=strategy, timeout=timeout)
-    yield report
-    if report.strategy == "restart":
-        _prewarm.prewarm(queue)
+    with ``restart``, the block's normal exit starts the next worker (``prewarm``). A failed
+    checkpoint that the release finalized is raised when the block has run."""
+    report, failure = released(queue, *_arguments(queue, strategy, timeout))
+
+    def after():
+        if report.strategy == "restart":
+            _prewarm.prewarm(queue)
+
+    try:
+        yield report
+    except BaseException as exc:
+        if failure is not None:
+            annotate(exc, failure)
+        raise
+    deliver(failure, after)

@@ -198,6 +198,8 @@ def _watch(fix, module, applies):
                wrapper("done_wrapper"), ("self", "blocking", "no_dist"), applies),
         Target(fix, module, "PersistentAsyncCaller.close", wrapper("close_wrapper"), ("self",),
                applies),
+        Target(fix, module, "AsyncCallsQueue.close", wrapper("queue_close_wrapper"),
+               ("self", "abort"), applies),
     )
 
 
@@ -242,4 +244,9 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
         (SLIME_ACTOR, "MegatronTrainRayActor.sleep", "offload_wrapper"),
         (SLIME_ACTOR, "MegatronTrainRayActor.wake_up", "onload_wrapper"),
     )
+) + tuple(  # NVRX_IPC_FIX_RELEASE=finalize: outside clear_on_close's wrappers of the same
+    Target("release_on_offload", module, "maybe_finalize_async_save",
+           "fixes.release_on_offload:finalize_wrapper", params, release_policy, aliases=True)
+    for module, params in ((MEGATRON, ("blocking", "terminate")),
+                           (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
 )

@@ -24,7 +24,9 @@ grads or optimizer off) start the next worker in the background once they return
 import sys
 
 from ..core import config as _config
+from ..core.arguments import flags
 from ..core.detect import CORE
+from ..core.errors import deliver
 from ..core.log import hook_failed
 
 #: NeMo RL methods that run ``finalize_async_save()`` first (PR #3322).
@@ -33,8 +35,8 @@ _SELF_RELEASING = ("offload_before_refit", "offload_after_refit")
 
 def offload_wrapper(wrapped, instance, args, kwargs):
     """Around a framework method that moves storage off the GPU."""
-    _before(wrapped, instance)
-    return wrapped(*args, **kwargs)
+    failure = _before(wrapped, instance)
+    return deliver(failure, lambda: wrapped(*args, **kwargs))
 
 
 def onload_wrapper(wrapped, instance, args, kwargs):
@@ -46,20 +48,37 @@ def onload_wrapper(wrapped, instance, args, kwargs):
 
 def reload_wrapper(wrapped, instance, args, kwargs):
     """Around a NeMo RL method that brings the model back and moves grads or optimizer off."""
-    _before(wrapped, instance, reload=True)
+    failure = _before(wrapped, instance, reload=True)
+    return deliver(failure, lambda: onload_wrapper(wrapped, instance, args, kwargs))
+
+
+def finalize_wrapper(wrapped, instance, args, kwargs):
+    """Around Megatron's and Bridge's ``maybe_finalize_async_save``: with
+    ``NVRX_IPC_FIX_RELEASE=finalize``, release after a blocking finalize (no onload follows:
+    ``release()``'s default strategy)."""
     result = wrapped(*args, **kwargs)
-    _after(wrapped, instance)
+    failure = None
+    try:
+        blocking, terminate = flags(wrapped, args, kwargs, "blocking", "terminate")
+        if blocking and not terminate and _config.release_policy() == "finalize":
+            failure = release_if_needed(_config.strategy())
+    except Exception as exc:
+        hook_failed(f"{wrapped.__module__}:{wrapped.__qualname__}", exc)
+    if failure is not None:
+        raise failure
     return result
 
 
 def _before(wrapped, instance, reload=False):
-    """Release if needed; where the model comes back, ``restart`` releases as ``flush``."""
+    """Release if needed; where the model comes back, ``restart`` releases as ``flush``.
+    Returns the failed checkpoint the release finalized, if any, for the method to raise."""
     try:
         if _config.release_policy() != "never" and not _releases_itself(wrapped, instance):
             restart = _config.auto_strategy() == "restart"
-            release_if_needed("flush" if reload and restart else None)
+            return release_if_needed("flush" if reload and restart else None)
     except Exception as exc:
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
+    return None
 
 
 def _after(wrapped, instance):
@@ -73,17 +92,13 @@ def _after(wrapped, instance):
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
 
 
-def after_finalize(blocking, terminate):
-    """Called by the ``maybe_finalize_async_save`` wrapper after the original returned."""
-    if blocking and not terminate and _config.release_policy() == "finalize":
-        release_if_needed(_config.strategy())  # no onload follows: release()'s default
-
-
 def release_if_needed(strategy=None):
-    """``release()`` when a queue may hold IPC handles it took since its last release; with
-    ``restart`` also when such a queue has any worker, or one waits for its first save."""
+    """Release when a queue may hold IPC handles it took since its last release, or has
+    saves pending (they are finalized first, so that a failed one is the call's error while
+    the call still does its work); with ``restart`` also when such a queue has any worker,
+    or one waits for its first save. Returns the failed checkpoint the release met, if any."""
     from .prewarm import idle
-    from ..core.release import has_live_worker, holds_ipc, release, saved_since_release
+    from ..core.release import has_live_worker, holds_ipc, released, saved_since_release
 
     queues = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)  # None while importing
     if queues is None:
@@ -93,9 +108,9 @@ def release_if_needed(strategy=None):
         if not holds_ipc(queue):
             continue
         live = has_live_worker(queue)
-        if (live and saved_since_release(queue)) or (
+        if (live and saved_since_release(queue)) or queue.get_num_unfinalized_calls() or (
                 strategy == "restart" and (live or idle(queue))):
-            return release(strategy=strategy)
+            return released(None, strategy, _config.release_timeout())[1]
     return None
 
 

@@ -45,7 +45,7 @@ from queue import Empty
 
 from ..core import cleanup as _cleanup, monitor as _monitor, worker as _worker
 from ..core.arguments import flags
-from ..core.errors import CheckpointWorkerError
+from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
 from ..core.log import hook_failed, logger
 
 #: Added to NVRx's "still writing" count by a rank whose worker failed; the all-reduced sum
@@ -85,6 +85,7 @@ _callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the calle
 #: "its" worker whenever the garbage collector runs).
 _abandoned = weakref.WeakSet()
 _exit_pid = None  # the process that registered at_exit (a forked child must not run it)
+_no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize call
 
 
 def _state(caller):
@@ -167,21 +168,28 @@ def _dead(process):
 
 def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCallsQueue.schedule_async_request``: watch the preload handshake; a
-    save that cannot reach a live worker is scheduled as failed, for its finalize."""
+    save that cannot reach a live worker is scheduled as failed, for its finalize. The
+    package's own defect falls back to NVRx's call, all or nothing: before NVRx's call,
+    nothing of the queue's count has changed; after it, NVRx's count stands."""
     if _finalizing() or not getattr(queue, "persistent", True):
         return wrapped(*args, **kwargs)
-    try:
+    target = _target(wrapped)
+    try:  # reads only
         caller, save = caller_of(queue), queue.call_idx + 1
         request = args[0] if args else kwargs["async_request"]
         process = process_of(caller)
         entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
-        if _dead(process):  # died while idle: sending would only pile up
+        sent = _reporting(request)
+        dead = _dead(process)
+    except Exception as exc:
+        hook_failed(target, exc)
+        return wrapped(*args, **kwargs)
+    if dead:  # died while idle: sending would only pile up
+        try:
             return _died_before(queue, entry(save, caller, request), process,
                                 "before the save, while idle")
-        args, kwargs = (_reporting(request),), {}
-    except Exception as exc:
-        hook_failed("AsyncCallsQueue.schedule_async_request", exc)
-        return wrapped(*args, **kwargs)
+        except Exception as exc:  # the count is changed last: NVRx sends, watched below
+            hook_failed(target, exc)
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
         _release_join(queues_of(caller_of(queue))[1])
@@ -189,7 +197,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     with _monitor.watching(f"the preload handshake of save #{save}",
                            lambda: process_of(caller_of(queue)), unblock) as wait:
         try:
-            result = wrapped(*args, **kwargs)
+            result = wrapped(sent)
         except BaseException as exc:  # an interrupt, say: the other ranks must still learn
             caller = caller_of(queue)
             if queue.call_idx == save and not _appended(queue, save) and caller is not None:
@@ -199,14 +207,20 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                     rank=_monitor.rank(), save=save)
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
-    caller = queue.async_calls[-1][1] if _appended(queue, save) else caller_of(queue)
-    if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
-        if _appended(queue, save):
-            queue.async_calls.pop()
-        return _died_before(queue, entry(save, caller, request), process_of(caller),
-                            "during the preload handshake", wait.exitcode)
-    _state(caller).outstanding.append(save)
+    try:
+        caller = queue.async_calls[-1][1] if _appended(queue, save) else caller_of(queue)
+        if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
+            return _died_before(queue, entry(save, caller, request), process_of(caller),
+                                "during the preload handshake", wait.exitcode)
+        _state(caller).outstanding.append(save)
+    except Exception as exc:  # the finalize still meets a dead worker (done_wrapper)
+        hook_failed(target, exc)
     return result
+
+
+def _target(wrapped):
+    """The patch target's name (``status()``'s) of the original ``wrapped``."""
+    return f"{wrapped.__module__}:{wrapped.__qualname__}"
 
 
 def _reporting(request):
@@ -228,13 +242,16 @@ def _died_before(queue, entry, process, when, exitcode=None):
 
 def _scheduled_failed(queue, entry, error):
     """Count ``entry``'s save as scheduled (as the other ranks do) but failed: its finalize
-    raises ``error``."""
+    raises ``error``. The queue's count changes last (one entry, replaced or appended)."""
     save, caller, _ = entry
-    queue.call_idx = save
-    queue.async_calls.append(entry)
     state = _state(caller)
     state.outstanding.append(save)
     state.failed[save] = error
+    if _appended(queue, save):
+        queue.async_calls[-1] = entry
+    else:
+        queue.call_idx = save
+        queue.async_calls.append(entry)
     return save
 
 
@@ -245,11 +262,20 @@ def _appended(queue, save):
 
 def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped, the
-    saves behind it are finalized as NVRx would, then one error names what was not saved."""
+    saves behind it are finalized as NVRx would, then one error names what was not saved.
+    A blocking finalize also goes on past NVRx's own failure of one save (its finalize
+    functions raised; NVRx had taken it off the queue), so that nothing is left pending."""
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
+    try:
+        blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
+        _no_dist[queue] = no_dist
+    except Exception as exc:
+        hook_failed(_target(wrapped), exc)
+        blocking = False
     calls, finalized, failures = queue.async_calls, [], []
     while True:
+        before = [entry[0] for entry in calls]
         try:
             finalized += wrapped(*args, **kwargs)
             break
@@ -258,29 +284,64 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                 _note(error, failures)
                 raise
             _, caller, _ = calls.popleft()  # never finalized
-            failures.append(error)
+            failures.append((error.save, error))
             state = _callers.get(caller)
             if state is not None and state.death is not None:  # the next save starts afresh
                 forget_caller(queue, caller)
-        except BaseException as other:
-            _note(other, failures)
+        except STOP as stop:
+            _note(stop, failures)
             raise
+        except BaseException as other:  # torch's CheckpointException is a BaseException
+            left = {entry[0] for entry in calls}
+            taken = [save for save in before if save not in left]
+            if not (blocking and taken):
+                _note(other, failures)
+                raise
+            finalized += taken[:-1]  # NVRx finalized these, then the last one raised
+            failures.append((taken[-1], other))
     if failures:
         raise _summary(failures, finalized)
     return finalized
 
 
+def finalize_no_dist(queue):
+    """``no_dist`` of the last ``maybe_finalize_async_calls`` on ``queue`` (before any:
+    NVRx's default, False): how a finalize the package makes for the user runs."""
+    return _no_dist.get(queue, False)
+
+
+def queue_close_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``AsyncCallsQueue.close``: when the finalize it starts with raises (a failed
+    checkpoint) and leaves nothing pending, the close is still done, then that raises."""
+    if _finalizing():
+        return wrapped(*args, **kwargs)
+    try:
+        return wrapped(*args, **kwargs)
+    except STOP:
+        raise
+    except BaseException as failure:
+        if queue.get_num_unfinalized_calls():  # the finalize could not go on: as NVRx left it
+            raise
+        deliver(failure, lambda: wrapped(*args, **kwargs))
+
+
 def _summary(failures, finalized):
-    """The first failure, naming every save this finalize did not save and those it did."""
-    error = failures[0]
-    error.lost_saves = tuple(e.save for e in failures)
+    """The first failure, naming every save this finalize did not save and those it did;
+    ``failures``: ``[(save, exception)]``."""
+    error = failures[0][1]
+    error.lost_saves = tuple(save for save, _ in failures)
     error.finalized = tuple(finalized)
-    error.failed_ranks = tuple(sorted({r for e in failures for r in e.failed_ranks}))
-    extra = [f"Not saved either: save #{e.save}: {str(e).splitlines()[0]}" for e in failures[1:]]
+    if isinstance(error, CheckpointWorkerError):
+        error.failed_ranks = tuple(sorted({rank for _, e in failures
+                                           for rank in getattr(e, "failed_ranks", ())}))
+    extra = [f"Not saved either: save #{save}: {type(e).__name__}: {str(e).splitlines()[0]}"
+             for save, e in failures[1:]]
     if finalized:
         extra.append("Finalized by the same call: " + ", ".join(f"save #{i}" for i in finalized))
-    if extra:
+    if extra and isinstance(error, CheckpointWorkerError):
         error.args = ("\n".join([str(error), *extra]),)
+    elif extra:
+        add_note(error, "\n".join(extra))
     return error
 
 
@@ -288,12 +349,11 @@ def _note(exc, failures):
     """Another exception ends a finalize that had dropped failed saves: say which."""
     if not failures:
         return
-    lost = ", ".join(f"#{e.save}" for e in failures)
+    lost = ", ".join(f"#{save}" for save, _ in failures)
     text = (f"nvrx_ipc_fix: before this error, the same finalize dropped save(s) {lost}: their "
-            f"checkpoint worker failed and they were not saved ({failures[0]})")
+            f"checkpoint failed and they were not saved ({failures[0][1]})")
     logger.error(text.splitlines()[0])
-    if hasattr(exc, "add_note"):
-        exc.add_note(text)
+    add_note(exc, text)
 
 
 def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):

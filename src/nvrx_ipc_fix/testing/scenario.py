@@ -12,9 +12,10 @@ queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 ``deactivate`` (the package's own calls, to test late activation), ``flush``,
 ``terminate`` and ``restart`` (``nvrx_ipc_fix.release`` with that strategy), ``prewarm``
 (``nvrx_ipc_fix.prewarm``), ``ready`` (wait until the prewarmed worker answered; how long it
-took to start), ``offloading-restart`` (offload, measure and onload inside
-``nvrx_ipc_fix.offloading(strategy="restart")``), ``kill-worker`` (SIGKILL the worker that
-would take the next save), ``probe`` (ask the worker
+took to start), ``offloading-<strategy>`` (offload, measure and onload inside
+``nvrx_ipc_fix.offloading(strategy=...)``), ``kill-worker`` (SIGKILL the worker that
+would take the next save), ``stop-worker`` (SIGSTOP it), ``kill-worker-later`` (SIGKILL it a
+second later, from a thread), ``probe`` (ask the worker
 what it holds: its pid, cached keys and mapped shared-memory segments), ``resources``
 (what this process holds: file descriptors, threads, semaphores), and
 ``fault-<kind>`` or ``fault-<kind>@<rank>`` (a save whose worker fails as
@@ -23,7 +24,8 @@ normally; the exception each rank saw is reported, and a rank whose save could n
 handed over then finalizes, as a training loop does, so the failure reaches the others),
 ``fault-<kind>-async`` (the same save, left pending), ``finalize`` (finalize pending
 saves) and ``sleep<seconds>``. Any step but a fault, written ``<step>@<rank>``, runs on
-that rank only. A fault step, and a ``finalize`` step that raises, reports what was raised,
+that rank only; written ``<step>?``, it may raise (a call the package finalizes in), and
+``calls`` reports what it raised. A fault step, and a ``finalize`` step that raises, reports what was raised,
 by which call, which saves the error names as not saved, what is still pending after
 it, and what one more finalize then raises (nothing, by the protocol).
 ``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue`` (persistent worker) instead.
@@ -100,14 +102,42 @@ def _stopped(process):
         return False
 
 
+def start_workers_from_forkserver(core):
+    """Let NVRx start its workers from a forkserver that has imported torch and NVRx once:
+    NVRx asks ``mp.get_context("spawn")`` for each, which imports them again (8 s of a 2-core
+    VM's CPU). Both pickle what they send the worker the same way. For tests whose subject is
+    not the cold start."""
+    import torch.multiprocessing as mp
+
+    server = mp.get_context("forkserver")
+    server.set_forkserver_preload([
+        "torch", "torch.distributed.checkpoint", core.__name__,
+        "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async",
+        "nvrx_ipc_fix.testing.fakecuda", "nvrx_ipc_fix.testing.faults"])
+
+    class Contexts:
+        def __getattr__(self, name):
+            return getattr(mp, name)
+
+        @staticmethod
+        def get_context(method=None):
+            return server if method == "spawn" else mp.get_context(method)
+
+    core.mp = Contexts()
+
+
 class Trainer:
     """One rank: a state dict of ``n_tensors`` tensors and an NVRx queue."""
 
     def __init__(self, directory, n_tensors=8, numel=4096, cached=True, rank=0, world_size=1,
-                 impl="nvrx", finalize="blocking", no_dist=False):
+                 impl="nvrx", finalize="blocking", no_dist=False, starts="spawn"):
         import importlib
 
         core = self.core = importlib.import_module(IMPLS[impl])
+        if starts == "forkserver":
+            start_workers_from_forkserver(core)
+        elif starts != "spawn":
+            raise ValueError(f"starts must be 'spawn' or 'forkserver', not {starts!r}")
         self.cuda = torch.cuda.is_available()
         if not self.cuda:
             from . import fakecuda
@@ -140,7 +170,7 @@ class Trainer:
         self.phase = None  # "schedule" or "finalize" while a save runs
         self.workers = [None, None]  # pids of the worker before and after the last schedule
         self.call_idx = {}  # the queue's call_idx of each save -> its version
-        self.state = {}
+        self.state, self.moves = {}, 0  # moves: how often the storage moved (replace, offload…)
         self.replace()
         self.version = 0
 
@@ -154,11 +184,13 @@ class Trainer:
     def replace(self):
         """New storage for every tensor (what an offload to CPU and back does)."""
         self.state = {name: self._new_tensor() for name in self.names}
+        self.moves += 1
 
     def offload(self):
         """Move every tensor to host memory and return freed device blocks (``model.to("cpu")``)."""
         self.state = {name: t.as_subclass(torch.Tensor).to("cpu", copy=True)
                       for name, t in self.state.items()}
+        self.moves += 1
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
@@ -171,6 +203,7 @@ class Trainer:
             from .fakecuda import on_fake_device
 
             self.state = {name: on_fake_device(t.clone()) for name, t in self.state.items()}
+        self.moves += 1
 
     def measure(self):
         """Device memory now: used on the whole device, allocated and reserved by this process;
@@ -335,8 +368,9 @@ EXTRA_STEPS = {}
 
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
-        world_size=1, impl="nvrx", finalize="blocking", no_dist=False):
-    """Run ``steps``; return the report (a JSON-ready dict)."""
+        world_size=1, impl="nvrx", finalize="blocking", no_dist=False, starts="spawn"):
+    """Run ``steps``; return the report (a JSON-ready dict). ``starts``: how NVRx starts its
+    workers, ``spawn`` (its own way) or ``forkserver`` (``start_workers_from_forkserver``)."""
     status = nvrx_ipc_fix.status()
     report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
               "nvrx": status.nvrx_version, "source": status.source, "fix": _fix_states(),
@@ -344,7 +378,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
               "no_dist": no_dist, "saves": [], "hang": None, "log": []}
     _capture_log(report["log"])
     trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
-                      no_dist)
+                      no_dist, starts)
     watchdog = _Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
         name, _, only = step.partition("@")
@@ -364,7 +398,12 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             checked = []
             for save in report["saves"]:
                 if save["stale"] is None and not save.get("lost"):
-                    save["stale"] = trainer.stale_tensors(save["path"], save["version"])
+                    try:
+                        save["stale"] = trainer.stale_tensors(save["path"], save["version"])
+                    except (KeyboardInterrupt, SystemExit):
+                        raise
+                    except BaseException as exc:  # lost with no error (no metadata, say)
+                        save["stale"] = f"unloadable ({type(exc).__name__}: {exc})"[:300]
                     checked.append(save["path"])
             if checked and world_size > 1:
                 dist.barrier()  # every rank has read them (all ranks run the same steps)
@@ -389,7 +428,10 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
 
 def _step(trainer, report, index, step, n_tensors, rank):
     """Run one step (see the module doc)."""
-    if step in ("save", "save-async"):
+    if step.endswith("?"):
+        report.setdefault("calls", []).append(_call(trainer, report, index, step[:-1], n_tensors,
+                                                    rank))
+    elif step in ("save", "save-async"):
         blocked, total, path, version = trainer.save(wait=step == "save")
         report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
                                 "total_s": total and round(total, 4), "path": path,
@@ -415,8 +457,8 @@ def _step(trainer, report, index, step, n_tensors, rank):
     elif step in ("flush", "terminate", "restart"):
         released = nvrx_ipc_fix.release(trainer.queue, strategy=step)
         report.setdefault("releases", []).append(dataclasses.asdict(released))
-    elif step == "offloading-restart":
-        with nvrx_ipc_fix.offloading(trainer.queue, strategy="restart") as released:
+    elif step.startswith("offloading-"):
+        with nvrx_ipc_fix.offloading(trainer.queue, strategy=step[len("offloading-"):]) as released:
             trainer.offload()
             report.setdefault("measures", []).append(trainer.measure())
             trainer.onload()
@@ -431,6 +473,10 @@ def _step(trainer, report, index, step, n_tensors, rank):
         report.setdefault("resources", []).append(resources())
     elif step == "kill-worker":
         trainer.kill_worker()
+    elif step == "stop-worker":
+        os.kill(trainer.worker().pid, signal.SIGSTOP)
+    elif step == "kill-worker-later":
+        threading.Timer(1.0, os.kill, (trainer.worker().pid, signal.SIGKILL)).start()
     elif step == "probe":
         report.setdefault("probes", []).append(trainer.probe())
     elif step in EXTRA_STEPS:
@@ -516,6 +562,26 @@ def _finalize_step(trainer, report, index):
     except BaseException as exc:
         _raised(trainer, report, outcome, exc, start)
     trainer.phase = None
+    return outcome
+
+
+def _call(trainer, report, index, step, n_tensors, rank):
+    """A ``<step>?`` step: ``step``, which may raise (a call the package finalizes in); what it
+    raised (see ``_raised``), how often the model's storage moved in it (``moved``: the
+    framework's own work), and the checkpoint workers alive after it."""
+    outcome, start, moved = _outcome(index, None, None), time.monotonic(), trainer.moves
+    outcome["call"] = trainer.phase = step
+    try:
+        if step == "finalize":  # not the finalize step's own report
+            trainer.finalize()
+        else:
+            _step(trainer, report, index, step, n_tensors, rank)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        _raised(trainer, report, outcome, exc, start)
+    trainer.phase = None
+    outcome.update(moved=trainer.moves - moved, workers_after=len(checkpoint_workers()))
     return outcome
 
 
