@@ -141,3 +141,34 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     report["cache_miss"] = "Worker cache miss" in err
     report["stderr"] = err[-3000:]
     return report
+
+
+def scenario_ranks(steps, directory, *, world_size=2, timeout=60, env=None, flags=(),
+                   backstop=400):
+    """Run ``steps`` (a comma list; ``<step>@<rank>`` runs on that rank only) on
+    ``world_size`` gloo ranks, one process each, meeting in ``directory``, with ``flags`` of
+    ``python -m nvrx_ipc_fix.testing.scenario``; returns each rank's report. A rank still
+    running after ``backstop`` seconds is killed with its workers and fails the test."""
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps,
+         "--rank", str(rank), "--world-size", str(world_size), "--dir", str(directory),
+         "--timeout", str(timeout), "--numel", "512", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env=_env(True, False, env)) for rank in range(world_size)]
+    reports = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=backstop)
+            assert proc.returncode == 0, err[-3000:]
+            report = json.loads(out.strip().splitlines()[-1])
+            report["stderr"] = err[-3000:]
+            reports.append(report)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a rank still running after {backstop} s (backstop watchdog)")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return reports
+

@@ -13,7 +13,8 @@ from importlib import metadata
 import pytest
 
 from conftest import expect, needs_cache, run_python, scenario
-from test_frameworks import ALIASES, STEPS
+from test_frameworks import ALIASES, FAILED_AT_CLOSE, STEPS
+from test_never_silent import check, run
 
 try:
     BRIDGE = metadata.version("megatron-bridge")
@@ -56,6 +57,11 @@ def test_terminate_then_save_works_with_the_package():
     report = scenario(STEPS, prelude=VIA_BRIDGE)
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
+
+
+@pytest.mark.worker
+def test_a_terminate_that_finalizes_a_failed_save_raises_it_after_closing():
+    check(run(FAILED_AT_CLOSE, no_dist=False, prelude=VIA_BRIDGE), FAILED_AT_CLOSE)
 
 
 @pytest.mark.parametrize("late", [False, True], ids=["activated-first", "activated-late"])

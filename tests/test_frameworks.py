@@ -11,6 +11,7 @@ from importlib import metadata
 import pytest
 
 from conftest import expect, needs_cache, run_python, scenario
+from test_never_silent import cells, check, run
 
 pytestmark = needs_cache
 
@@ -52,6 +53,17 @@ def test_terminate_then_save_works_with_the_package():
     report = scenario(STEPS, prelude=VIA_MEGATRON)
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
+
+
+#: A failed save in flight at the terminate: a dead worker's, and NVRx's own error of a live
+#: worker's (its write failed; the close then has a worker to stop).
+FAILED_AT_CLOSE = cells(["close"], ("kill", "raise", "write"))
+
+
+@pytest.mark.worker
+@needs_megatron
+def test_a_terminate_that_finalizes_a_failed_save_raises_it_after_closing():
+    check(run(FAILED_AT_CLOSE, no_dist=False, prelude=VIA_MEGATRON), FAILED_AT_CLOSE)
 
 
 ALIASES = """

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import needs_cache, needs_nvrx, run_process, run_python
+from conftest import needs_cache, needs_nvrx, run_process, run_python, scenario
 
 
 def test_import_imports_neither_torch_nor_nvrx_nor_wrapt(tmp_path):
@@ -138,3 +138,35 @@ def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change,
     """)
     assert result["state"] == state and result["untouched"], result
     assert ("PR #6971" if state == "fixed_upstream" else "_ActiveAsyncRequest") in result["reason"]
+
+
+# A defect of the watch's own bookkeeping around schedule_async_request, injected where it
+# counts the save (the worker died while idle: the save is scheduled as failed) or right
+# after NVRx's call: the call falls back, all or nothing. The save is counted once (the saves'
+# call_idx run 0, 1, 2, ...), NVRx's own call still reaches a live worker, the user's call
+# does not raise, and every save loads.
+DEFECT = """
+    import sys
+    from nvrx_ipc_fix.fixes import worker_watch as _w
+    _state, _broken = _w._state, []
+    def _breaks_once_in(caller):
+        if sys._getframe(1).f_code.co_name == {where!r} and not _broken:
+            _broken.append(True)
+            raise RuntimeError("an injected defect of the watch")
+        return _state(caller)
+    _w._state = _breaks_once_in
+"""
+
+
+@needs_nvrx
+@pytest.mark.worker
+@pytest.mark.parametrize("where", ["_scheduled_failed", "schedule_wrapper"])
+def test_a_defect_in_the_schedule_bookkeeping_falls_back_whole(where):
+    steps = ["save", "fault-idle" if where == "_scheduled_failed" else "save", "save"]
+    report = scenario(steps, prelude=DEFECT.format(where=where), starts="forkserver",
+                      timeout=30)
+    assert report["hang"] is None, report["stderr"]
+    assert not report.get("faults") or all(f["error"] is None for f in report["faults"])
+    assert [s["stale"] for s in report["saves"]] == [0, 0, 0]
+    assert report["call_idx"] == [0, 1, 2]
+    assert any("injected defect" in line["message"] for line in report["log"])

@@ -1,13 +1,17 @@
-"""The monitor thread on its own (no NVRx): a worker's death ends only a wait that is still
+"""The monitor thread. On its own (no NVRx): a worker's death ends only a wait that is still
 registered. The thread blocks for up to a tick on the sentinels of the waits it saw; a wait
 that ended meanwhile must not be unblocked, because its ``unblock`` resolves the queue's
 *current* caller: found in CI (NVRx 0.5.0, a save, ``close(abort=True)``, a save), where the
 first save's handshake wait, ended but still in the thread's hands, drained the next
-worker's preload queue when the aborted worker's death came in."""
+worker's preload queue when the aborted worker's death came in. With the real worker: the
+waits it ends still end after the thread was killed once."""
 
 import os
 import threading
 
+import pytest
+
+from conftest import needs_nvrx, scenario
 from nvrx_ipc_fix.core import monitor as _monitor
 
 
@@ -56,3 +60,38 @@ def test_a_death_during_the_wait_unblocks_it_and_records_the_exit_code():
         assert unblocked.wait(5)
     assert wait.exitcode == -9
     process.close()
+
+
+# The monitor thread killed on purpose, at its first look (the first save's handshake wait):
+# by an exception that escapes everything (SystemExit), or as a setting's RuntimeWarning does
+# under -W error (the invalid NVRX_IPC_FIX_STALL_TIMEOUT is read there first).
+KILLED = """
+    from nvrx_ipc_fix.core import config as _config
+    _read, _killed = _config.stall_timeout, []
+    def _kills_once():
+        if not _killed:
+            _killed.append(True)
+            raise SystemExit("the monitor thread, killed on purpose")
+        return _read()
+    _config.stall_timeout = _kills_once
+"""
+WARNS = {"PYTHONWARNINGS": "error::RuntimeWarning", "NVRX_IPC_FIX_STALL_TIMEOUT": "soon"}
+
+
+@needs_nvrx
+@pytest.mark.worker
+@pytest.mark.parametrize("how", ["killed", "warning-as-error"])
+def test_after_the_monitor_thread_died_a_death_in_the_handshake_or_in_close_still_ends(how):
+    """Then a worker that dies in a save's preload handshake is one error from that save's
+    finalize, and one killed while close() waits on it ends the close; the next save loads."""
+    report = scenario(["save", "fault-preload", "save", "stop-worker", "kill-worker-later",
+                       "close?", "save"], timeout=30, starts="forkserver",
+                      prelude=KILLED if how == "killed" else "",
+                      env=WARNS if how == "warning-as-error" else None)
+    assert report["hang"] is None, report["stderr"]
+    handshake, = report["faults"]
+    assert handshake["error"]["type"] == "CheckpointWorkerError", handshake
+    assert "during the preload handshake" in handshake["error"]["message"]
+    close, = report["calls"]
+    assert close["error"] is None and close["workers_after"] == 0
+    assert [s["stale"] for s in report["saves"] if not s.get("lost")] == [0, 0, 0]

@@ -81,9 +81,9 @@ def steps_for(cell):
     return steps + ["save"]
 
 
-def run(cells_, no_dist, env=None):
+def run(cells_, no_dist, env=None, prelude=EXTRA):
     steps = ["save"] + [step for cell in cells_ for step in steps_for(cell)]
-    return scenario(steps, prelude=EXTRA, no_dist=no_dist, starts="forkserver", timeout=30,
+    return scenario(steps, prelude=prelude, no_dist=no_dist, starts="forkserver", timeout=30,
                     env=env)
 
 

@@ -3,14 +3,11 @@ terminate replaces the worker; the worker itself is asked what it holds (a probe
 and on the CPU stand-in "holds" is a mapped shared-memory segment of the trainer's storage.
 """
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import needs_cache, needs_nvrx, run_process, run_python, scenario
+from conftest import needs_cache, needs_nvrx, run_process, run_python, scenario, scenario_ranks
 
 TENSORS = 8
 
@@ -71,16 +68,7 @@ def test_two_ranks_release_in_the_same_order(tmp_path):
     prewarms its own worker after a restart."""
     steps = ("save,save,save-async,flush,replace,save,terminate,replace,save,"
              "save-async,restart,replace,prewarm,ready,save")
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps, "--rank", str(rank),
-         "--world-size", "2", "--dir", str(tmp_path), "--timeout", "60", "--numel", "512"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        for rank in (0, 1)]
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=400)
-        assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
+    reports = scenario_ranks(steps, tmp_path)
     for report in reports:
         assert report["hang"] is None
         assert [s["stale"] for s in report["saves"]] == [0] * 7
@@ -167,20 +155,33 @@ def test_a_rank_that_releases_alone_is_reported_and_goes_on_once_the_other_final
     """Rank 0 calls release() with a save pending, rank 1 does not (it finalizes 8 s
     later): rank 0 logs one ERROR naming the all-reduce and the rule, then goes on."""
     steps = "save,save-async,flush@0,sleep8@1,finalize,save"
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps, "--rank", str(rank),
-         "--world-size", "2", "--dir", str(tmp_path), "--timeout", "60", "--numel", "512"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=dict(os.environ, NVRX_IPC_FIX_STALL_TIMEOUT="3", NVRX_IPC_FIX_AUTO="0"))
-        for rank in (0, 1)]
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    alone, other = reports
+    alone, other = scenario_ranks(steps, tmp_path, env={"NVRX_IPC_FIX_STALL_TIMEOUT": "3"},
+                                  backstop=300)
     assert [s["stale"] for s in alone["saves"]] == [s["stale"] for s in other["saves"]] == [0] * 3
     assert [entry["level"] for entry in alone["log"]] == ["ERROR", "WARNING"]
     assert "finalize all-reduce (sync_all_async_calls)" in alone["log"][0]["message"]
     assert "call release() on every rank, in the same order" in alone["log"][0]["message"]
     assert other["log"] == []
+
+
+@needs_cache
+@pytest.mark.worker
+@pytest.mark.parametrize("no_dist", [True, False], ids=["no_dist=True", "no_dist=False"])
+def test_release_finalizes_as_the_ranks_own_finalize_so_ranks_that_polled_apart_meet(
+        tmp_path, no_dist):
+    """Rank 0 finalizes a save itself while rank 1 has not yet (rank 0 then waits inside the
+    save's own finalize, DCP's gather); rank 1 reaches its offload point and releases. With
+    ``no_dist=True`` polls the ranks' pending saves differ: a release that entered NVRx's
+    finalize all-reduce there would meet rank 0 in another collective. release() finalizes
+    as the ranks' own finalize did (``no_dist`` of the queue's last finalize), so rank 1
+    joins rank 0's gather; then both release, and every save loads."""
+    steps = "save,save-async,finalize@0,sleep2@1,flush,save"
+    reports = scenario_ranks(steps, tmp_path, timeout=40, backstop=300,
+                             flags=["--starts", "forkserver", "--finalize", "poll"]
+                             + (["--no-dist"] if no_dist else []))
+    for report in reports:
+        assert report["hang"] is None, report["stderr"]
+        assert [s["stale"] for s in report["saves"]] == [0, 0, 0]
+    assert [r["queues_released"] for r in reports[0]["releases"]] == [1]
+    assert [r["queues_released"] for r in reports[1]["releases"]] == [1]
+

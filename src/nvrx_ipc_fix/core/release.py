@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from queue import Empty
 
 from . import cleanup as _cleanup, config as _config
-from .errors import STOP, annotate, deliver
+from .errors import STOP, add_note, annotate, deliver
 from ..fixes import prewarm as _prewarm
 from .detect import CORE
 from .log import logger
@@ -130,12 +130,27 @@ def _arguments(queue, strategy, timeout):
 def released(queue, strategy, timeout):
     """``release()``'s work, arguments checked: ``(report, failure)``. ``failure`` is what
     finalizing the pending saves raised (a dead worker, NVRx's or torch's error), held back
-    until the release is done, for the caller to raise; the package's own defects raise."""
+    until the release is done, for the caller to raise. The package's own defect raises,
+    unless a failure is held: then the report is None and the failure names the defect."""
+    held = []  # the failures of the queues' finalizes: the first is raised, the rest noted
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        return _release(queue, strategy, timeout)
+        report = _release(queue, strategy, timeout, held)
+    except Exception as defect:
+        if not held:
+            raise
+        from .log import hook_failed
+
+        add_note(held[0], f"nvrx_ipc_fix: the release that finalized this save then failed "
+                          f"itself ({type(defect).__name__}: {defect})")
+        hook_failed(f"{__name__}:release", defect)
+        report = None
     finally:
         _local.depth -= 1
+    for other in held[1:]:
+        add_note(held[0], f"nvrx_ipc_fix: another queue's finalize in the same release failed "
+                          f"too: {type(other).__name__}: {other}")
+    return report, (held[0] if held else None)
 
 
 def _finalize(queue):
@@ -153,7 +168,7 @@ def _finalize(queue):
     return None
 
 
-def _release(queue, strategy, timeout):
+def _release(queue, strategy, timeout, held):
     start = time.perf_counter()
     free_before = _cleanup.device_free_bytes()
     core = sys.modules.get(CORE)
@@ -161,14 +176,14 @@ def _release(queue, strategy, timeout):
     if caller_class is None or not hasattr(caller_class, "_worker_data_cache"):
         why = "NVRx is not imported" if caller_class is None else "this NVRx has no worker cache"
         return ReleaseReport(strategy, 0, time.perf_counter() - start, 0, False, False, 0,
-                             (f"all: {why}",)), None
+                             (f"all: {why}",))
     if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
         raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
                         f"{type(queue).__name__}")
     queues = [queue] if queue is not None else core.AsyncCallsQueue.get_instances()
     trainer_cache = caller_class._worker_data_cache  # the sync path's
     keys = _cleanup.cached_key_count() + len(trainer_cache)
-    skipped, errors, released, kept, terminated, failure = [], [], 0, False, False, None
+    skipped, errors, released, kept, terminated = [], [], 0, False, False
     if not queues:
         skipped.append("queues: no live AsyncCallsQueue")
     for q in queues:
@@ -177,7 +192,9 @@ def _release(queue, strategy, timeout):
             skipped.append(f"{label}: cpu_shm_mode holds no IPC handles")
             continue
         if q.get_num_unfinalized_calls():
-            failure = failure or _finalize(q)
+            failure = _finalize(q)
+            if failure is not None:
+                held.append(failure)
             if q.get_num_unfinalized_calls():  # a failure that finalized nothing
                 skipped.append(f"{label}: saves still pending after a failed finalize")
                 continue
@@ -227,7 +244,7 @@ def _release(queue, strategy, timeout):
     if released:
         _cleanup.totals.releases += 1
         logger.info(report.summary())
-    return report, failure
+    return report
 
 
 def run_in_worker(queue, function, args, timeout):
@@ -283,10 +300,11 @@ def offloading(queue=None, *, strategy=None, timeout=None):
     """``with offloading():`` releases first, for code that moves model or optimizer storage;
     with ``restart``, the block's normal exit starts the next worker (``prewarm``). A failed
     checkpoint that the release finalized is raised when the block has run."""
-    report, failure = released(queue, *_arguments(queue, strategy, timeout))
+    strategy, timeout = _arguments(queue, strategy, timeout)
+    report, failure = released(queue, strategy, timeout)
 
     def after():
-        if report.strategy == "restart":
+        if strategy == "restart":
             _prewarm.prewarm(queue)
 
     try:

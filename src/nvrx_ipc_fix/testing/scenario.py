@@ -413,6 +413,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             if checked and world_size > 1:
                 dist.barrier()  # the next step starts together, so no rank times the deletion
     report["fix"] = _fix_states()
+    report["call_idx"] = sorted(trainer.call_idx)  # NVRx's count of each save scheduled
     report["cleanups"] = nvrx_ipc_fix.status().cleanups
     report["releases_total"] = nvrx_ipc_fix.status().releases
     report["prewarms_total"] = nvrx_ipc_fix.status().prewarms
@@ -717,12 +718,15 @@ def main(argv=None):
     parser.add_argument("--finalize", choices=("blocking", "poll"), default="blocking",
                         help="one blocking finalize, or a training loop's non-blocking polls")
     parser.add_argument("--no-dist", action="store_true", help="finalize with no_dist=True")
+    parser.add_argument("--starts", choices=("spawn", "forkserver"), default="spawn",
+                        help="how NVRx starts its workers (forkserver: torch and NVRx "
+                        "imported once)")
     args = parser.parse_args(argv)
     scratch = tempfile.mkdtemp(prefix="nvrx-ipc-fix-")
     _use_scratch(scratch)  # removed at exit, however the run ends
     report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
                  args.numel, not args.no_cache, args.rank, args.world_size, args.impl,
-                 args.finalize, args.no_dist)
+                 args.finalize, args.no_dist, args.starts)
     print(json.dumps(report), flush=True)
     return 0
 
