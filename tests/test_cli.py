@@ -102,6 +102,21 @@ def test_doctor_on_this_install():
     assert "python -S" in out
 
 
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
+@pytest.mark.parametrize("auto", [False, pytest.param(True, marks=pth_installed)])
+def test_doctor_reports_the_settings_it_does_not_understand_and_warns_about_none(auto):
+    """Doctor has a line for each setting; the package's own RuntimeWarnings (at the
+    ``-m`` import, at start-up, while doctor imports NVRx) would only repeat them."""
+    for env in ({"NVRX_IPC_FIX_DISABLE": "maybe", "NVRX_IPC_FIX_LOG_LEVEL": "loud"},
+                {"NVRX_IPC_FIX_RELEASE": "sometimes", "NVRX_IPC_FIX_LOG_LEVEL": "loud"}):
+        rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor"], env=env,
+                                   auto=auto)
+        assert out.splitlines()[-1].startswith("result: "), out + err
+        assert "Warning" not in err, err
+        for name, value in env.items():
+            assert re.search(rf"^(FAIL|warn)  {name}: {value!r}", out, re.M), out
+
+
 def test_a_fix_turned_off_by_name_is_disabled_before_and_after_import():
     for flags in (["--no-import"], []):
         rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "--json", *flags],
