@@ -140,8 +140,9 @@ def quiet():
 
 
 #: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
-#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass).
-_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron")
+#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass);
+#: ``importlib.import_module`` imports a target module on the user's behalf.
+_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron", "importlib")
 
 
 def _ours(filename):
