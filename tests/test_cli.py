@@ -57,6 +57,19 @@ def test_table_and_no_import():
     assert {t["state"] for t in core} == {"pending"}
 
 
+@pytest.mark.once  # the same with any NVRx and wrapt
+def test_print_status_is_the_table_and_its_repr_one_short_line():
+    seen = run_python("""
+        import json, nvrx_ipc_fix
+        s = nvrx_ipc_fix.status()
+        print(json.dumps([str(s), s.table(), repr(s), [f.name for f in s.fixes]]))
+    """)
+    text, table, short, fixes = seen
+    assert text == table and text.startswith("nvrx-ipc-fix ") and "\ntargets:\n" in text
+    assert "\n" not in short and len(short) < 400, short
+    assert short.startswith("<Status nvrx-ipc-fix ") and all(f in short for f in fixes), short
+
+
 def test_disabled_says_so():
     rc, out, _ = run_process([sys.executable, "-m", "nvrx_ipc_fix", "--json"], fix=False)
     status = json.loads(out)
