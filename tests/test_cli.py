@@ -55,6 +55,9 @@ def test_table_and_no_import():
     status = json.loads(cli("status", "--json", "--no-import"))
     core = [t for t in status["targets"] if t["target"].startswith("nvidia_resiliency_ext")]
     assert {t["state"] for t in core} == {"pending"}
+    rows = cli("--no-import").split("\ntargets:\n")[1].split("\n\n")[0].splitlines()
+    assert [row.split()[:3] for row in rows] == [[t["fix"], t["target"], t["state"]]
+                                                 for t in status["targets"]]  # a fix column
 
 
 @pytest.mark.once  # the same with any NVRx and wrapt

@@ -103,9 +103,11 @@ class Status:
         for f in self.fixes:
             lines.append(f"  {f.name:<{width}}  {f.state.value:<14}  {f.reason}")
         lines += ["", "targets:"]
+        fix_width = max(len(t.fix) for t in self.targets)
         width = max(len(t.target) for t in self.targets)
         for t in self.targets:
-            lines.append(f"  {t.target:<{width}}  {t.state.value:<14}  {t.reason}")
+            lines.append(f"  {t.fix:<{fix_width}}  {t.target:<{width}}  {t.state.value:<14}  "
+                         f"{t.reason}")
         lines += ["", "NVRx features:"]
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
         lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
