@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process, run_python
+from conftest import MCORE, NVRX, EXPECT, needs_nvrx, pth_installed, run_process, run_python
 
 
 def cli(*args):
@@ -71,6 +71,21 @@ def test_print_status_is_the_table_and_its_repr_one_short_line():
     assert text == table and text.startswith("nvrx-ipc-fix ") and "\ntargets:\n" in text
     assert "\n" not in short and len(short) < 400, short
     assert short.startswith("<Status nvrx-ipc-fix ") and all(f in short for f in fixes), short
+
+
+@needs_nvrx
+@pytest.mark.worker
+@pytest.mark.once  # the CLI's own output: the same with any NVRx and wrapt
+def test_selftest_without_cuda_says_gpu_memory_was_not_checked():
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "selftest"], timeout=600)
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == 4, out + err
+    if " on cuda" in lines[0]:
+        assert lines[-1] == "PASS", out
+    else:
+        assert "held after offload: n/a (no CUDA)" in lines[2], out
+        assert lines[-1] == ("PASS (no CUDA: GPU memory was not checked; stale tensors and "
+                             "hangs were, on the CPU stand-in)"), out
 
 
 def test_disabled_says_so():
