@@ -19,8 +19,9 @@ ran = []
 #: The exception that stopped the last attempt, as ``"Type: message"``; ``None`` if none did.
 error = None
 #: The start-up activation under way (``pth``, ``sitecustomize``), else ``None``. While it
-#: runs, the package holds back its warnings about settings until NVRx or Megatron is
-#: imported: every process of the environment runs this, most never touch NVRx.
+#: runs, the package holds back its warnings about settings until a module it patches
+#: (NVRx, Megatron, ...) is imported: every process of the environment runs this, most never
+#: touch NVRx.
 running = None
 
 
