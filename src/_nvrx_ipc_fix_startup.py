@@ -18,11 +18,16 @@ ON = ("", "1", "true", "yes", "on")
 ran = []
 #: The exception that stopped the last attempt, as ``"Type: message"``; ``None`` if none did.
 error = None
+#: The start-up activation under way (``pth``, ``sitecustomize``), else ``None``. While it
+#: runs, the package holds back its warnings about settings until a module it patches
+#: (NVRx, Megatron, ...) is imported: every process of the environment runs this, most never
+#: touch NVRx.
+running = None
 
 
 def run(how="pth"):
     """Activate ``nvrx_ipc_fix`` with source ``how``, once per ``how`` and process."""
-    global error
+    global error, running
     if how in ran:
         return
     ran.append(how)
@@ -30,9 +35,13 @@ def run(how="pth"):
         if os.environ.get("NVRX_IPC_FIX_AUTO", "").strip().lower() not in ON:
             return
         fresh = "nvrx_ipc_fix" not in sys.modules
-        import nvrx_ipc_fix.core.lifecycle
+        running = how
+        try:
+            import nvrx_ipc_fix.core.lifecycle
 
-        nvrx_ipc_fix.core.lifecycle.enable(how, claim=fresh)
+            nvrx_ipc_fix.core.lifecycle.enable(how, claim=fresh)
+        finally:
+            running = None
     except Exception as exc:  # a broken or half-removed install must not stop Python
         error = f"{type(exc).__name__}: {exc}"
         if os.environ.get("NVRX_IPC_FIX_LOG_LEVEL", "").strip().lower() == "debug":

@@ -105,6 +105,19 @@ def test_the_wheel_puts_the_startup_files_at_its_root_and_in_record(wheel):
     assert start.split() == ["_nvrx_ipc_fix_startup:run"]
 
 
+def test_the_wheel_carries_the_licence_it_declares(wheel):
+    with zipfile.ZipFile(wheel) as whl:
+        names = whl.namelist()
+        found = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        text = whl.read(found[0]).decode() if found else ""
+        meta = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in meta.splitlines()
+    assert "License-File: LICENSE" in meta.splitlines(), meta[:600]
+    assert text == (ROOT / "LICENSE").read_text(), found
+    assert "Apache License\n                           Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+
+
 def test_pth_activates_at_startup_and_imports_nothing_heavy(venv):
     python, _ = venv
     seen = probe(python, f"""

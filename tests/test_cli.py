@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MCORE, NVRX, EXPECT, pth_installed, run_process, run_python
+from conftest import MCORE, NVRX, EXPECT, needs_nvrx, pth_installed, run_process, run_python
 
 
 def cli(*args):
@@ -55,6 +55,37 @@ def test_table_and_no_import():
     status = json.loads(cli("status", "--json", "--no-import"))
     core = [t for t in status["targets"] if t["target"].startswith("nvidia_resiliency_ext")]
     assert {t["state"] for t in core} == {"pending"}
+    rows = cli("--no-import").split("\ntargets:\n")[1].split("\n\n")[0].splitlines()
+    assert [row.split()[:3] for row in rows] == [[t["fix"], t["target"], t["state"]]
+                                                 for t in status["targets"]]  # a fix column
+
+
+@pytest.mark.once  # the same with any NVRx and wrapt
+def test_print_status_is_the_table_and_its_repr_one_short_line():
+    seen = run_python("""
+        import json, nvrx_ipc_fix
+        s = nvrx_ipc_fix.status()
+        print(json.dumps([str(s), s.table(), repr(s), [f.name for f in s.fixes]]))
+    """)
+    text, table, short, fixes = seen
+    assert text == table and text.startswith("nvrx-ipc-fix ") and "\ntargets:\n" in text
+    assert "\n" not in short and len(short) < 400, short
+    assert short.startswith("<Status nvrx-ipc-fix ") and all(f in short for f in fixes), short
+
+
+@needs_nvrx
+@pytest.mark.worker
+@pytest.mark.once  # the CLI's own output: the same with any NVRx and wrapt
+def test_selftest_without_cuda_says_gpu_memory_was_not_checked():
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "selftest"], timeout=600)
+    lines = out.splitlines()
+    assert rc == 0 and len(lines) == 4, out + err
+    if " on cuda" in lines[0]:
+        assert lines[-1] == "PASS", out
+    else:
+        assert "held after offload: n/a (no CUDA)" in lines[2], out
+        assert lines[-1] == ("PASS (no CUDA: GPU memory was not checked; stale tensors and "
+                             "hangs were, on the CPU stand-in)"), out
 
 
 def test_disabled_says_so():
@@ -100,6 +131,21 @@ def test_doctor_on_this_install():
                                env={"PYTHONPATH": path})
     assert rc == (1 if NVRX and EXPECT[NVRX]["cache"] else 0), out + err
     assert "python -S" in out
+
+
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
+@pytest.mark.parametrize("auto", [False, pytest.param(True, marks=pth_installed)])
+def test_doctor_reports_the_settings_it_does_not_understand_and_warns_about_none(auto):
+    """Doctor has a line for each setting; the package's own RuntimeWarnings (at the
+    ``-m`` import, at start-up, while doctor imports NVRx) would only repeat them."""
+    for env in ({"NVRX_IPC_FIX_DISABLE": "maybe", "NVRX_IPC_FIX_LOG_LEVEL": "loud"},
+                {"NVRX_IPC_FIX_RELEASE": "sometimes", "NVRX_IPC_FIX_LOG_LEVEL": "loud"}):
+        rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor"], env=env,
+                                   auto=auto)
+        assert out.splitlines()[-1].startswith("result: "), out + err
+        assert "Warning" not in err, err
+        for name, value in env.items():
+            assert re.search(rf"^(FAIL|warn)  {name}: {value!r}", out, re.M), out
 
 
 def test_a_fix_turned_off_by_name_is_disabled_before_and_after_import():

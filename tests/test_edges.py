@@ -12,8 +12,8 @@ import tempfile
 
 import pytest
 
-from conftest import (NVRX, expect, lacks, needs_cache, needs_nvrx, needs_warmup, run_process,
-                      run_python)
+from conftest import (NVRX, expect, lacks, needs_cache, needs_nvrx, needs_warmup, pth_installed,
+                      run_process, run_python)
 
 NAN, INF = "nan", "inf"
 
@@ -362,6 +362,38 @@ def test_a_warning_names_the_callers_line_not_ours(tmp_path):
     seen = {message.split()[1].split("=")[0]: (filename, number)
             for filename, number, message in caught}
     assert seen == {name: (str(script), lines[where]) for name, where in wanted.items()}
+
+
+#: Each line imports a module that the package patches (the second must not warn again).
+IMPORTS_NVRX = """import sys
+import nvidia_resiliency_ext.checkpointing.async_ckpt.core  # LINE 2
+import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async
+"""
+
+
+@needs_nvrx
+@pth_installed
+@pytest.mark.parametrize("name, value", [("NVRX_IPC_FIX_DISABLE", "maybe"),
+                                         ("NVRX_IPC_FIX_LOG_LEVEL", "loud")])
+def test_start_up_warns_about_a_setting_only_in_a_process_that_imports_nvrx(tmp_path, name,
+                                                                             value):
+    """Start-up activation reads the setting in every process of the environment: one that
+    never imports NVRx (``pip --version``) prints nothing; one that does prints one warning,
+    at its import line, saying where it comes from. ``activate()`` still warns at once."""
+    env = {name: value}
+    rc, out, err = run_process([sys.executable, "-c", "pass"], auto=True, env=env)
+    assert (rc, err) == (0, ""), err
+    script = tmp_path / "train.py"
+    script.write_text(IMPORTS_NVRX)
+    rc, out, err = run_process([sys.executable, str(script)], auto=True, env=env)
+    assert rc == 0 and err.count("Warning") == 1, err
+    assert err.startswith(f"{script}:2: RuntimeWarning: nvrx_ipc_fix: {name}={value!r} "), err
+    assert "start-up file nvrx_ipc_fix.pth" in err and f"unset {name}" in err, err
+    assert "doctor" in err and "<string>" not in err, err
+    script.write_text("import nvrx_ipc_fix\nnvrx_ipc_fix.activate()\n" + IMPORTS_NVRX)
+    rc, out, err = run_process([sys.executable, str(script)], auto=True, env=env)
+    assert rc == 0 and err.count("Warning") == 1, err
+    assert err.startswith(f"{script}:2: RuntimeWarning: nvrx_ipc_fix: {name}={value!r} "), err
 
 
 RAY_ENVS = """

@@ -176,3 +176,21 @@ def test_activation_and_patching_import_nothing_of_the_harness_or_the_cli():
     rooms = {name.split(".")[1] for name in loaded if name.count(".")}
     assert "nvrx_ipc_fix.core.lifecycle" in loaded
     assert rooms <= {"core", "fixes"}, loaded
+
+
+def test_dir_and_help_list_the_public_api_and_the_lazy_names_stay_lazy():
+    seen = run_python("""
+        import json, pydoc, sys
+        import nvrx_ipc_fix
+        names = dir(nvrx_ipc_fix)
+        lazy = sorted(m for m in sys.modules if m.startswith("nvrx_ipc_fix.")
+                      and m.split(".")[-1] in ("status", "release", "prewarm", "errors", "ray"))
+        text = pydoc.render_doc(nvrx_ipc_fix, renderer=pydoc.plaintext)
+        print(json.dumps([names, nvrx_ipc_fix.__all__, lazy, text]))
+    """)
+    names, public, lazy, text = seen
+    assert set(public) <= set(names) and names == sorted(names), names
+    assert lazy == []  # dir() named them without importing them
+    for name in public:  # a function, a class, or an alias of one (name = class ...)
+        assert any(f"\n    {name}{how}" in text for how in ("(", " = class ")) or (
+            f"class {name}(" in text), name

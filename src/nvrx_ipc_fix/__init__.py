@@ -51,6 +51,10 @@ def __getattr__(name):  # these import dataclasses, enum, logging: load them on 
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__():  # dir() and help() list the lazy names too, without loading them
+    return sorted({*globals(), *__all__})
+
+
 try:
     _enable("import")
 except Exception as _exc:  # never break the user's import

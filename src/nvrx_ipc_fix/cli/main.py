@@ -67,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr if code else sys.stdout)
         return code
     if args.command == "doctor":
+        from ..core.config import quiet
         from .doctor import run, run_with
 
+        quiet()  # doctor reports every setting; the package's warnings would repeat them
         if args.python is not None:
             return run_with(args.python, as_json=args.json)
         _import_nvrx()

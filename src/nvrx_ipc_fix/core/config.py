@@ -4,8 +4,11 @@ Values are read when they are needed, so a launcher or a test can change them be
 activations. Case and surrounding blanks do not matter. An invalid value gives one
 ``RuntimeWarning`` (shown on stderr by default, unlike our logger) and the default, except
 for the two switches, where a value that is not understood turns the thing off.
-``SETTINGS`` lists every variable with its parser, which reports a value it does not
-understand without warning: ``python -m nvrx_ipc_fix doctor`` checks each.
+A warning about a value read during start-up activation (which every process of the
+environment runs) waits until a module the package patches is imported, and is dropped in
+processes that never import one. ``SETTINGS`` lists every variable with its parser, which
+reports a value it does not understand without warning: ``python -m nvrx_ipc_fix doctor``
+checks each, and turns these warnings off (``quiet()``).
 """
 
 import os
@@ -54,21 +57,92 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 _handler = None
-_warned = set()
+_warned = set()  # (name, raw) warned about in this process
+_held = {}  # (name, raw) -> the warning held back until a target module is imported
+_held_hooked = False  # _show_held is registered on the target modules
+_quiet = False  # doctor: no warnings at all
 
 
 def _invalid(name, raw, why):
-    if (name, raw) not in _warned:
-        _warned.add((name, raw))
-        import warnings
+    key = (name, raw)
+    if _quiet or key in _warned:
+        return
+    read = _holder()
+    if read:
+        _hold(key, f"nvrx_ipc_fix: {name}={raw!r} {why}. Read {read}, shown now that a module "
+                   f"it patches is imported; unset {name} or give it a value it understands to "
+                   f"silence this (`python -m nvrx_ipc_fix doctor` checks every setting)")
+        return
+    _held.pop(key, None)
+    _warned.add(key)
+    _warn(f"nvrx_ipc_fix: {name}={raw!r} {why}")
 
-        warnings.warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", RuntimeWarning,
-                      stacklevel=_caller_level())
+
+def _warn(message):
+    import warnings
+
+    warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
+
+
+def _holder():
+    """Where a setting read now is read from, in words, when its warning must wait: during
+    start-up activation, or while ``python -m nvrx_ipc_fix`` imports the package (``doctor``
+    reports the settings itself); ``None`` otherwise."""
+    import sys
+
+    startup = sys.modules.get("_nvrx_ipc_fix_startup")
+    how = getattr(startup, "running", None)
+    if how == "pth":
+        return (f"at start-up by nvrx-ipc-fix's start-up file nvrx_ipc_fix.pth (in "
+                f"{os.path.dirname(os.path.abspath(startup.__file__))})")
+    if how:
+        where = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+        return f"at start-up by nvrx-ipc-fix's sitecustomize ({where or how})"
+    package = sys.modules.get(__name__.partition(".")[0])
+    if getattr(getattr(package, "__spec__", None), "_initializing", False):
+        frame = sys._getframe(1)
+        while frame is not None and (_ours(frame.f_code.co_filename) or _internal(frame)):
+            frame = frame.f_back
+        if frame is not None and os.path.basename(frame.f_code.co_filename) in (
+                "<frozen runpy>", "runpy.py"):
+            return "when `python -m` imported nvrx_ipc_fix"
+    return None
+
+
+def _hold(key, message):
+    """Keep ``message`` for ``_show_held``, which the import of a target module calls."""
+    global _held_hooked
+    _held[key] = message
+    if not _held_hooked:
+        _held_hooked = True
+        from . import hooks
+        from .targets import TARGETS
+
+        for module in dict.fromkeys(t.module for t in TARGETS):
+            hooks.when_imported(module, _show_held)
+
+
+def _show_held(_module):
+    """Warn about the settings held back, once each: a target module was just imported."""
+    for key in list(_held):
+        message = _held.pop(key, None)
+        if message is not None and not _quiet and key not in _warned:
+            _warned.add(key)
+            _warn(message)
+
+
+def quiet():
+    """No warnings about settings in this process, and none of those held back: for
+    ``doctor``, which reports every setting itself."""
+    global _quiet
+    _quiet = True
+    _held.clear()
 
 
 #: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
-#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass).
-_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron")
+#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass);
+#: ``importlib.import_module`` imports a target module on the user's behalf.
+_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron", "importlib")
 
 
 def _ours(filename):
@@ -83,6 +157,12 @@ def _ours(filename):
                    for root in roots))
 
 
+def _internal(frame):
+    """A frame of importlib's bootstrap (``warnings`` neither shows nor counts them)."""
+    name = frame.f_code.co_filename
+    return "importlib" in name and "_bootstrap" in name
+
+
 def _caller_level():
     """``warnings.warn``'s ``stacklevel`` for the first frame outside this package (and
     ``_PAST``), so that a warning names the user's line (``import nvrx_ipc_fix``,
@@ -91,15 +171,11 @@ def _caller_level():
     counted. 2 where the stack cannot be read."""
     import sys
 
-    def internal(frame):
-        name = frame.f_code.co_filename
-        return "importlib" in name and "_bootstrap" in name
-
     try:
-        frame, level = sys._getframe(2), 2  # 1: _invalid, which calls warnings.warn
+        frame, level = sys._getframe(2), 2  # 1: _warn, which calls warnings.warn
         while frame is not None and _ours(frame.f_code.co_filename):
             frame = frame.f_back
-            while frame is not None and internal(frame):
+            while frame is not None and _internal(frame):
                 frame = frame.f_back
             level += 1
         return level

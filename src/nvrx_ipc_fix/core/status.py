@@ -42,9 +42,10 @@ class FixStatus:
     summary: str
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Status:
-    """A snapshot of what the package did in this process."""
+    """A snapshot of what the package did in this process. ``print()`` shows it as the
+    table (``table()``); its ``repr`` is one line: the activation and each fix's state."""
 
     version: str
     activated: bool
@@ -76,25 +77,37 @@ class Status:
             self, dict_factory=lambda pairs: {k: str(v) if isinstance(v, State) else v
                                               for k, v in pairs})
 
-    def table(self) -> str:
-        """A short human-readable report."""
-        nvrx = self.nvrx_version or "not installed"
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        fixes = ", ".join(f"{f.name}={f.state.value}" for f in self.fixes)
+        return (f"<Status nvrx-ipc-fix {self.version}: {self._how()}, pid {self.pid}; NVRx "
+                f"{self.nvrx_version or 'not installed'}; {fixes}>")
+
+    def _how(self) -> str:
         if self.activated:
             how = f"activated ({self.source})"
             also = [s for s in self.requested_by if s != self.source]
-            how += f" (also requested by {', '.join(also)})" if also else ""
-        else:
-            how = "not active"
-            how += f" (requested by {', '.join(self.requested_by)})" if self.requested_by else ""
-        lines = [f"nvrx-ipc-fix {self.version}: {how}, pid {self.pid}",
+            return how + (f" (also requested by {', '.join(also)})" if also else "")
+        how = "not active"
+        return how + (f" (requested by {', '.join(self.requested_by)})" if self.requested_by
+                      else "")
+
+    def table(self) -> str:
+        """A short human-readable report (what ``print()`` shows)."""
+        nvrx = self.nvrx_version or "not installed"
+        lines = [f"nvrx-ipc-fix {self.version}: {self._how()}, pid {self.pid}",
                  f"NVRx {nvrx}, wrapt {self.wrapt_version or 'not installed'}", "", "fixes:"]
         width = max(len(f.name) for f in self.fixes)
         for f in self.fixes:
             lines.append(f"  {f.name:<{width}}  {f.state.value:<14}  {f.reason}")
         lines += ["", "targets:"]
+        fix_width = max(len(t.fix) for t in self.targets)
         width = max(len(t.target) for t in self.targets)
         for t in self.targets:
-            lines.append(f"  {t.target:<{width}}  {t.state.value:<14}  {t.reason}")
+            lines.append(f"  {t.fix:<{fix_width}}  {t.target:<{width}}  {t.state.value:<14}  "
+                         f"{t.reason}")
         lines += ["", "NVRx features:"]
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
         lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
