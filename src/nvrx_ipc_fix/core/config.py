@@ -58,12 +58,31 @@ _warned = set()
 
 
 def _invalid(name, raw, why):
-    if (name, raw) not in _warned:
-        _warned.add((name, raw))
-        import warnings
+    warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", (name, raw))
 
-        warnings.warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", RuntimeWarning,
-                      stacklevel=_caller_level())
+
+def warn(message, *keys):
+    """One ``RuntimeWarning`` per process for ``keys``, attributed to the user's line
+    (``_caller_level``): given, and ``True`` returned, when any of ``keys`` is new (all are
+    then recorded). It never raises: where a warnings filter makes it an exception (``-W
+    error``), the message goes to stderr instead, so that no warning breaks the import or the
+    call it is about."""
+    if _warned.issuperset(keys):
+        return False
+    _warned.update(keys)
+    import warnings
+
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
+    except Exception:
+        import sys
+
+        try:
+            sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
+                             f"breaks the program it patches): {message}\n")
+        except Exception:  # no stderr
+            pass
+    return True
 
 
 #: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
@@ -96,7 +115,7 @@ def _caller_level():
         return "importlib" in name and "_bootstrap" in name
 
     try:
-        frame, level = sys._getframe(2), 2  # 1: _invalid, which calls warnings.warn
+        frame, level = sys._getframe(2), 2  # 1: warn, which calls warnings.warn
         while frame is not None and _ours(frame.f_code.co_filename):
             frame = frame.f_back
             while frame is not None and internal(frame):
