@@ -5,9 +5,10 @@ One lock guards the state. A hook is registered once per module per process and 
 and repeated cycles never stack wrappers. When a module is imported, every target of a fix
 there is decided before any is installed: a fix goes in all or nothing per module (a
 target marked ``optional`` excepted), and what does not apply although it should is said
-once by a ``RuntimeWarning``. On ``deactivate()`` a wrapper that someone else wrapped on
-top of is not torn out of their chain: it is switched off through wrapt's ``enabled``
-callable, and switched on again by the next ``activate()``.
+once by a ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. On
+``deactivate()`` a wrapper that someone else wrapped on top of is not torn out of their
+chain: it is switched off through wrapt's ``enabled`` callable, and switched on again by
+the next ``activate()``.
 
 Activation imports only ``os``, ``sys`` and ``_thread``; wrapt, ``inspect`` and
 ``logging`` are imported when a target module is imported (torch is loaded by then).
@@ -28,6 +29,7 @@ _hooked = set()  # modules with a registered hook
 #: Target -> (state, reason, held), decided when its module was imported; ``held``: the
 #: targets of its fix whose loss left this one unpatched (all or nothing), else ()
 _verdicts = {}
+_seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
 _patches = {}  # Target -> _Patch
 
 
@@ -126,7 +128,7 @@ def _on_import(module):
         mine = [t for t in TARGETS if t.module == module.__name__]
         decided = _all_or_nothing({t: _decide(t, module) for t in mine})
         _install_decided(decided, module)
-        notices = _losses(mine)
+        notices = _losses(mine) + _untested(module.__name__)
     if notices:
         from .log import logger
 
@@ -243,6 +245,25 @@ def _said(attrs, state, reason):
     return f"{', '.join(attrs)} {verb} ({reason})"
 
 
+def _untested(module_name):
+    """The notice for a distribution newer than tested, at the first of its target modules."""
+    from . import detect as _detect
+
+    dist = _detect.shipped_by(module_name)
+    if dist is None or dist in _seen_dists:
+        return []
+    _seen_dists.add(dist)
+    version = _detect.distribution_version(dist)
+    if not _detect.untested(dist, version):
+        return []
+    active = dict.fromkeys(t.fix for t in TARGETS if _detect.shipped_by(t.module) == dist
+                           and _verdicts.get(t, ("",))[0] == "active")
+    return [(f"nvrx_ipc_fix: {dist} {version} is untested (newest tested: "
+             f"{_detect.TESTED[dist]}); the fixes apply where their checks of its code pass "
+             f"(active so far: {', '.join(active) or 'none'}); `python -m nvrx_ipc_fix` shows "
+             f"the full state", [("untested", dist)])]
+
+
 def _resolve(module, attr):
     owner = module
     *parents, name = attr.split(".")
@@ -330,6 +351,7 @@ def status():
             prewarms=_cleanup.totals.prewarms,
             prewarm_failures=_cleanup.totals.prewarm_failures,
             pinned_bytes=_cleanup.totals.pinned_bytes,
+            untested=_detect.untested_versions(),
         )
 
 

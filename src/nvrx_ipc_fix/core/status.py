@@ -69,6 +69,9 @@ class Status:
     prewarms: int  # checkpoint workers started ahead of the save that needs them
     prewarm_failures: int  # of those, workers that died or failed before their first save
     pinned_bytes: int = 0  # host memory the last prewarmed worker pinned ahead of its save
+    #: Distribution -> installed version, for each one newer than the newest version the
+    #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
+    untested: dict = dataclasses.field(default_factory=dict)
 
     def fix(self, name: str) -> FixStatus:
         """The status of fix ``name``."""
