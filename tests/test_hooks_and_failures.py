@@ -61,8 +61,10 @@ def test_invalid_env_values_warn_once(tmp_path):
 
 @needs_cache
 def test_failing_cleanup_leaves_close_working_and_reports_error():
+    """One WARNING on the package logger and one RuntimeWarning (shown by default),
+    attributed to the user's call, however often the hook fails."""
     result = run_python("""
-        import json, logging
+        import json, logging, sys, warnings
         import nvrx_ipc_fix
         from nvrx_ipc_fix.core import cleanup as _cleanup
         from nvrx_ipc_fix.fixes import clear_on_close as _clear_on_close
@@ -76,22 +78,31 @@ def test_failing_cleanup_leaves_close_working_and_reports_error():
         class Proc:  # a worker handle that is already gone
             def join(self, timeout=None): pass
             def is_alive(self): return False
-        for _ in range(2):
-            caller = core.PersistentAsyncCaller()
-            caller.process = Proc()
-            caller.queue.put = lambda item: None
-            caller.queue.join = lambda: None
-            caller.close()
-            closed = caller.process is None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                caller = core.PersistentAsyncCaller()
+                caller.process = Proc()
+                caller.queue.put = lambda item: None
+                caller.queue.join = lambda: None
+                line = sys._getframe().f_lineno + 1
+                caller.close()
+                closed = caller.process is None
         target = [t for t in nvrx_ipc_fix.status().targets
                   if t.fix == "clear_on_close" and t.target.endswith(".close")][0]
         print(json.dumps({"closed": closed, "state": str(target.state), "reason": target.reason,
                           "warnings": [r.getMessage() for r in records
-                                       if r.levelno == logging.WARNING]}))
+                                       if r.levelno == logging.WARNING],
+                          "shown": [[w.category.__name__, str(w.message), w.lineno == line]
+                                    for w in caught]}))
     """)
     assert result["closed"]
     assert result["state"] == "error" and "boom" in result["reason"]
     assert len(result["warnings"]) == 1 and "boom" in result["warnings"][0]
+    assert len(result["shown"]) == 1, result["shown"]
+    category, message, at_close = result["shown"][0]
+    assert category == "RuntimeWarning" and "boom" in message
+    assert at_close  # the user's caller.close(), not our wrapper
 
 
 @needs_cache

@@ -75,7 +75,7 @@ def run(out=print, as_json=False):
                ("ok" if covered else "fail", "activation", _activation(status, covered)),
                ("ok", "wrapt", status.wrapt_version) if status.wrapt_version else
                ("fail", "wrapt", "not installed: nothing can be patched"),
-               ("info", "NVRx", _nvrx(status.nvrx_version, affected))]
+               _nvrx(status.nvrx_version, affected), _mcore(status.untested)]
     checks += [(FIX_LEVELS[fix.state.value], f"fix {fix.name}", f"{fix.state.value}: {fix.reason}")
                for fix in status.fixes]
     rows = [(("FAIL" if affected else "warn") if level == "fail" else level, label, text)
@@ -218,12 +218,26 @@ def _activation(status, covered):
 
 def _nvrx(version, affected):
     if version is None:
-        return "not installed: nothing to fix"
+        return "info", "NVRx", "not installed: nothing to fix"
     if not affected:
-        return f"{version}: no IPC tensor cache (added in 0.6.0): nothing to fix"
+        return "info", "NVRx", f"{version}: no IPC tensor cache (added in 0.6.0): nothing to fix"
+    if _detect.untested(_detect.NVRX_DIST, version):
+        return "warn", "NVRx", f"{version}: {_untested(_detect.NVRX_DIST)}"
     if _detect.release_has_cache(version) is None:
-        return f"{version}: a dev or unknown build that may have the IPC cache: the fixes apply"
-    return f"{version}: has the IPC tensor cache: the fixes apply"
+        return ("info", "NVRx", f"{version}: a dev or unknown build that may have the IPC "
+                                "cache: the fixes apply")
+    return "info", "NVRx", f"{version}: has the IPC tensor cache: the fixes apply"
+
+
+def _mcore(untested):
+    """megatron-core's line, only where it is newer than tested."""
+    version = untested.get(_detect.MCORE_DIST)
+    return version and ("warn", _detect.MCORE_DIST, f"{version}: {_untested(_detect.MCORE_DIST)}")
+
+
+def _untested(dist):
+    return (f"untested (newest tested: {_detect.TESTED[dist]}): the fixes apply where their "
+            f"checks of its code pass")
 
 
 def run_with(python, out=print, timeout=300, as_json=False):
@@ -257,7 +271,7 @@ def run_with(python, out=print, timeout=300, as_json=False):
     where = f"{found['python']} (Python {found['version']})"
     rows = [("FAIL" if affected else "warn", "package", f"nvrx_ipc_fix is not importable by "
              f"{where}: not installed in its environment and not on its PYTHONPATH"),
-            ("info", "NVRx", _nvrx(found["nvrx"], affected))]
+            _nvrx(found["nvrx"], affected)]
     if not affected:
         return _emit(out, rows, "ok: no NVRx with the IPC cache is installed there; nothing "
                                 "needs the fix", 0, as_json)

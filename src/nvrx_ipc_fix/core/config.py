@@ -57,10 +57,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 _handler = None
-_warned = set()  # (name, raw) warned about in this process
+_warned = set()  # keys of the warnings given in this process (settings: (name, raw))
 _held = {}  # (name, raw) -> the warning held back until a target module is imported
 _held_hooked = False  # _show_held is registered on the target modules
-_quiet = False  # doctor: no warnings at all
+_quiet = False  # doctor: no warnings about settings
 
 
 def _invalid(name, raw, why):
@@ -74,14 +74,31 @@ def _invalid(name, raw, why):
                    f"silence this (`python -m nvrx_ipc_fix doctor` checks every setting)")
         return
     _held.pop(key, None)
-    _warned.add(key)
-    _warn(f"nvrx_ipc_fix: {name}={raw!r} {why}")
+    warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", key)
 
 
-def _warn(message):
+def warn(message, *keys):
+    """One ``RuntimeWarning`` per process for ``keys``, attributed to the user's line
+    (``_caller_level``): given, and ``True`` returned, when any of ``keys`` is new (all are
+    then recorded). It never raises: where a warnings filter makes it an exception (``-W
+    error``), the message goes to stderr instead, so that no warning breaks the import or the
+    call it is about."""
+    if _warned.issuperset(keys):
+        return False
+    _warned.update(keys)
     import warnings
 
-    warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
+    except Exception:
+        import sys
+
+        try:
+            sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
+                             f"breaks the program it patches): {message}\n")
+        except Exception:  # no stderr
+            pass
+    return True
 
 
 def _holder():
@@ -126,9 +143,8 @@ def _show_held(_module):
     """Warn about the settings held back, once each: a target module was just imported."""
     for key in list(_held):
         message = _held.pop(key, None)
-        if message is not None and not _quiet and key not in _warned:
-            _warned.add(key)
-            _warn(message)
+        if message is not None and not _quiet:
+            warn(message, key)
 
 
 def quiet():
@@ -172,7 +188,7 @@ def _caller_level():
     import sys
 
     try:
-        frame, level = sys._getframe(2), 2  # 1: _warn, which calls warnings.warn
+        frame, level = sys._getframe(2), 2  # 1: warn, which calls warnings.warn
         while frame is not None and _ours(frame.f_code.co_filename):
             frame = frame.f_back
             while frame is not None and _internal(frame):

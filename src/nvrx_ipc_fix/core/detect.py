@@ -1,4 +1,4 @@
-"""What NVRx is installed and which cache features it has.
+"""What NVRx is installed, which cache features it has, and whether it is newer than tested.
 
 Features decide, the version only helps: NVRx git builds report ``X.Y.Z.devN+hash``
 and ``__version__`` exists only from 0.5.0. Nothing here imports NVRx; a class is
@@ -8,10 +8,17 @@ probed only once its module is in ``sys.modules``.
 import sys  # no `from __future__ import annotations`: the .pth path would import __future__
 
 NVRX_DIST = "nvidia-resiliency-ext"
+MCORE_DIST = "megatron-core"
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 #: First release with the IPC tensor cache.
 FIRST_CACHING_RELEASE = (0, 6, 0)
+#: The newest release of each distribution the package was tested with (the tox matrix and
+#: the GPU runs). A newer one is "untested": the fixes still apply where their probes pass.
+TESTED = {NVRX_DIST: "0.7.0", MCORE_DIST: "0.19.2"}
+#: Which distribution ships the target modules that start so.
+_SHIPPED_BY = (("nvidia_resiliency_ext.", NVRX_DIST), ("megatron.core.", MCORE_DIST),
+               ("megatron.training.", MCORE_DIST))
 
 
 def distribution_version(name: str) -> str | None:
@@ -82,3 +89,35 @@ def release_has_cache(version: str | None) -> bool | None:
     if parsed.is_devrelease or parsed.local or parsed.is_prerelease:
         return None
     return parsed.release[:3] >= FIRST_CACHING_RELEASE
+
+
+def shipped_by(module_name: str) -> str | None:
+    """The distribution in ``TESTED`` that ships module ``module_name``, or ``None``."""
+    return next((dist for prefix, dist in _SHIPPED_BY if module_name.startswith(prefix)), None)
+
+
+def untested(dist: str, version: str | None) -> bool:
+    """Is ``version`` of ``dist`` newer than ``TESTED[dist]``? Release numbers are compared,
+    so a dev or pre build of a newer release counts as newer and ``0.7.0.post1`` does not.
+    A version that cannot be parsed (``unknown``: a broken dist-info) counts as untested:
+    nothing says it is one that was tested. ``False`` when ``dist`` is not installed."""
+    if version is None:
+        return False
+    try:
+        from packaging.version import Version
+
+        found, newest = Version(version), Version(TESTED[dist])
+    except Exception:  # InvalidVersion; packaging missing
+        return True
+    width = max(len(found.release), len(newest.release))
+
+    def key(v):  # 0.7 == 0.7.0
+        return v.epoch, v.release + (0,) * (width - len(v.release))
+
+    return key(found) > key(newest)
+
+
+def untested_versions() -> dict[str, str]:
+    """Each installed distribution of ``TESTED`` that is newer than tested -> its version."""
+    found = {dist: distribution_version(dist) for dist in TESTED}
+    return {dist: version for dist, version in found.items() if untested(dist, version)}

@@ -2,9 +2,13 @@
 
 One lock guards the state. A hook is registered once per module per process and checks
 ``_active`` when it fires, so ``deactivate()`` before the import really stops the patch
-and repeated cycles never stack wrappers. On ``deactivate()`` a wrapper that someone
-else wrapped on top of is not torn out of their chain: it is switched off through
-wrapt's ``enabled`` callable, and switched on again by the next ``activate()``.
+and repeated cycles never stack wrappers. When a module is imported, every target of a fix
+there is decided before any is installed: a fix goes in all or nothing per module (a
+target marked ``optional`` excepted), and what does not apply although it should is said
+once by a ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. On
+``deactivate()`` a wrapper that someone else wrapped on top of is not torn out of their
+chain: it is switched off through wrapt's ``enabled`` callable, and switched on again by
+the next ``activate()``.
 
 Activation imports only ``os``, ``sys`` and ``_thread``; wrapt, ``inspect`` and
 ``logging`` are imported when a target module is imported (torch is loaded by then).
@@ -22,7 +26,10 @@ _active = False
 _source = None  # how the current activation happened: Status.source
 _requested = []  # every source that asked for activation in this process: Status.requested_by
 _hooked = set()  # modules with a registered hook
-_verdicts = {}  # Target -> (state, reason), decided when its module was imported
+#: Target -> (state, reason, held), decided when its module was imported; ``held``: the
+#: targets of its fix whose loss left this one unpatched (all or nothing), else ()
+_verdicts = {}
+_seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
 _patches = {}  # Target -> _Patch
 
 
@@ -87,17 +94,23 @@ def deactivate():
         prewarm.stop_unused()
     with _lock:
         _active = False
-        for target, patch in reversed(list(_patches.items())):  # the outermost first
-            if vars(patch.owner).get(patch.name) is patch.wrapper:
-                setattr(patch.owner, patch.name, patch.original)
-                for module, alias in patch.aliases:
-                    if vars(module).get(alias) is patch.wrapper:
-                        setattr(module, alias, patch.original)
-                del _patches[target]
-            else:
-                patch.enabled = False
+        for target in reversed(list(_patches)):  # the outermost first
+            _remove(target)
         _verdicts.clear()
     return status()
+
+
+def _remove(target):
+    """Put the original back, or, where someone wrapped on top, switch our wrapper off."""
+    patch = _patches[target]
+    if vars(patch.owner).get(patch.name) is patch.wrapper:
+        setattr(patch.owner, patch.name, patch.original)
+        for module, alias in patch.aliases:
+            if vars(module).get(alias) is patch.wrapper:
+                setattr(module, alias, patch.original)
+        del _patches[target]
+    else:
+        patch.enabled = False
 
 
 def installed(fix, attr):
@@ -108,42 +121,147 @@ def installed(fix, attr):
 
 
 def _on_import(module):
+    """Decide every target in ``module``, install what applies, then warn (unlocked)."""
     with _lock:
-        if _active:
-            for target in TARGETS:
-                if target.module == module.__name__:
-                    _patch(target, module)
+        if not _active:
+            return
+        mine = [t for t in TARGETS if t.module == module.__name__]
+        decided = _all_or_nothing({t: _decide(t, module) for t in mine})
+        _install_decided(decided, module)
+        notices = _losses(mine) + _untested(module.__name__)
+    if notices:
+        from .log import logger
+
+        for message, keys in notices:
+            if _config.warn(message, *keys):
+                logger.warning("%s", message)
 
 
-def _patch(target, module):
-    """Decide and, if the fix applies, install. Any failure leaves the original in place."""
+def _decide(target, module):
+    """``(state, reason, held)`` of one target, as in ``_verdicts``; never raises."""
     if target.fix in (_config.disabled_fixes(tuple(FIXES)) or ()):
-        _verdicts[target] = ("disabled", f"{_config.DISABLE} names {target.fix}")
-        return
-    inert = _patches.get(target)
-    if inert is not None:
-        inert.enabled = True
-        _verdicts[target] = ("active", "patched (re-enabled under another wrapper)")
-        return
+        return "disabled", f"{_config.DISABLE} names {target.fix}", ()
+    if target in _patches:  # left inert under another wrapper by deactivate()
+        return "active", "patched (re-enabled under another wrapper)", ()
     try:
         state, reason = target.applies(module)
         if state == "active":
-            owner, name, original = _resolve(module, target.attr)
-            problem = _shape_problem(original, target.params)
+            problem = _shape_problem(_resolve(module, target.attr)[2], target.params)
             if problem:
-                state, reason = "unsupported", f"{target.attr}: {problem}"
-            else:
-                _install(target, owner, name, original)
+                return "unsupported", problem, ()
+        return state, reason, ()
+    except Exception as exc:
+        return "error", f"{type(exc).__name__}: {exc}", ()
+
+
+def _all_or_nothing(decided):
+    """Hold back every target of a fix in this module when one it requires is lost."""
+    from .status import LOST
+
+    lost = {}
+    for target, (state, *_) in decided.items():
+        if state in LOST and not target.optional:
+            lost.setdefault(target.fix, []).append(target)
+    for target, (state, *_) in decided.items():
+        causes = lost.get(target.fix)
+        if causes and state == "active":
+            decided[target] = (decided[causes[0]][0], _held_reason(target, causes), tuple(causes))
+    return decided
+
+
+def _held_reason(target, causes):
+    return (f"not patched: {target.fix} goes in all or nothing, and "
+            f"{', '.join(c.attr for c in causes)} cannot be patched here")
+
+
+def _install_decided(decided, module):
+    """Install, in ``TARGETS`` order (each wraps what is there: it sets how wrappers nest),
+    and record each verdict. A required target whose install raises takes its fix's others
+    here out again."""
+    failed, done = {}, []
+    for target, (state, reason, held) in decided.items():
+        if state == "active" and target.fix in failed:
+            causes = (failed[target.fix],)
+            state, reason, held = "error", _held_reason(target, causes), causes
+        elif state == "active":
+            try:
+                if target in _patches:
+                    _patches[target].enabled = True
+                else:
+                    _install(target, *_resolve(module, target.attr))
+                done.append(target)
                 from .log import logger
 
                 logger.info("patched %s: %s", target.name, reason)
-        _verdicts[target] = (state, reason)
-    except Exception as exc:
-        from .log import warn_once
+            except Exception as exc:
+                state, reason = "error", f"{type(exc).__name__}: {exc}"
+                if not target.optional:
+                    failed[target.fix] = target
+                    for other in reversed([t for t in done if t.fix == target.fix]):
+                        _remove(other)
+                        _verdicts[other] = ("error", _held_reason(other, (target,)), (target,))
+        _verdicts[target] = (state, reason, held)
 
-        _verdicts[target] = ("error", f"{type(exc).__name__}: {exc}")
-        warn_once(("patch", target.name), "nvrx_ipc_fix: %s left unpatched: %s: %s",
-                  target.name, type(exc).__name__, exc)
+
+def _losses(mine):
+    """``(message, keys)`` of the warning for each fix that lost a target of ``mine``."""
+    from .status import LOST
+
+    notices = []
+    for fix in dict.fromkeys(t.fix for t in mine):
+        rows = [(t, *_verdicts[t]) for t in mine if t.fix == fix]
+        keys = [("target", fix, t.name) for t, state, *_ in rows if state in LOST]
+        if keys:
+            how = ("applies only in part" if any(state == "active" for _, state, *_ in rows)
+                   else "does not apply")
+            notices.append((f"nvrx_ipc_fix: {fix} {how}: {_loss(rows)}. NVRx runs as without "
+                            f"it where it is not patched; `python -m nvrx_ipc_fix` shows the "
+                            f"full state", keys))
+    return notices
+
+
+def _loss(rows):
+    """What a fix lost, by module, and what of it still runs. ``rows``: ``(target, state,
+    reason, held)``, ``held`` as in ``_verdicts``."""
+    from .status import LOST
+
+    lost, parts = [r for r in rows if r[1] in LOST], []
+    for module in dict.fromkeys(t.module for t, *_ in lost):
+        why, held = {}, []
+        for target, state, reason, by in (r for r in lost if r[0].module == module):
+            if by:
+                held.append(target.attr)
+            else:
+                why.setdefault((state, reason), []).append(target.attr)
+        text = "; ".join(_said(attrs, *verdict) for verdict, attrs in why.items())
+        parts.append(f"in {module}, {text}" + (f", so not patched either: {', '.join(held)}"
+                                               if held else ""))
+    active = [t.name for t, state, *_ in rows if state == "active"]
+    return "; ".join(parts + ([f"still active: {', '.join(active)}"] if active else []))
+
+
+def _said(attrs, state, reason):
+    verb = "failed" if state == "error" else ("is " if len(attrs) == 1 else "are ") + state
+    return f"{', '.join(attrs)} {verb} ({reason})"
+
+
+def _untested(module_name):
+    """The notice for a distribution newer than tested, at the first of its target modules."""
+    from . import detect as _detect
+
+    dist = _detect.shipped_by(module_name)
+    if dist is None or dist in _seen_dists:
+        return []
+    _seen_dists.add(dist)
+    version = _detect.distribution_version(dist)
+    if not _detect.untested(dist, version):
+        return []
+    active = dict.fromkeys(t.fix for t in TARGETS if _detect.shipped_by(t.module) == dist
+                           and _verdicts.get(t, ("",))[0] == "active")
+    return [(f"nvrx_ipc_fix: {dist} {version} is untested (newest tested: "
+             f"{_detect.TESTED[dist]}); the fixes apply where their checks of its code pass "
+             f"(active so far: {', '.join(active) or 'none'}); `python -m nvrx_ipc_fix` shows "
+             f"the full state", [("untested", dist)])]
 
 
 def _resolve(module, attr):
@@ -202,15 +320,17 @@ def status():
     """A ``Status`` snapshot of this process. Imports nothing that is not imported yet."""
     from .. import __version__
     from . import cleanup as _cleanup, detect as _detect
-    from .status import PRECEDENCE, FixStatus, State, Status, TargetStatus
+    from .status import LOST, PRECEDENCE, FixStatus, State, Status, TargetStatus
 
     with _lock:
-        targets = tuple(TargetStatus(t.fix, t.name, *_target_state(t, State)) for t in TARGETS)
+        rows = [(t, *_target_state(t, State), _verdicts[t][2] if t in _verdicts else ())
+                for t in TARGETS]  # (target, state, reason, held)
+        targets = tuple(TargetStatus(t.fix, t.name, state, reason) for t, state, reason, _ in rows)
         fixes = []
         for fix, summary in FIXES.items():
-            mine = [t for t in targets if t.fix == fix]
-            first = min(mine, key=lambda t: PRECEDENCE.index(t.state))
-            fixes.append(FixStatus(fix, first.state, first.reason, summary))
+            mine = [r for r in rows if r[0].fix == fix]
+            _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
+            fixes.append(FixStatus(fix, state, _loss(mine) if state in LOST else reason, summary))
         wrapt = sys.modules.get("wrapt")
         return Status(
             version=__version__,
@@ -231,6 +351,7 @@ def status():
             prewarms=_cleanup.totals.prewarms,
             prewarm_failures=_cleanup.totals.prewarm_failures,
             pinned_bytes=_cleanup.totals.pinned_bytes,
+            untested=_detect.untested_versions(),
         )
 
 
@@ -238,7 +359,7 @@ def _target_state(target, State):
     from . import detect as _detect
     from .log import errors
 
-    if target.name in errors:
+    if target.name in errors and target in _patches:  # keyed by name: only a wrapper fails
         return State.ERROR, f"hook failed: {errors[target.name]}"
     if not _active:
         if _config.disabled_fixes(tuple(FIXES)) is None:
@@ -247,7 +368,7 @@ def _target_state(target, State):
             return State.DISABLED, "deactivated; wrapper left inert under another wrapper"
         return State.DISABLED, "deactivated" if _source else "not activated"
     if target in _verdicts:
-        state, reason = _verdicts[target]
+        state, reason, _ = _verdicts[target]
         return State(state), reason
     if target.fix in (_config.disabled_fixes(tuple(FIXES)) or ()):
         return State.DISABLED, f"{_config.DISABLE} names {target.fix}"

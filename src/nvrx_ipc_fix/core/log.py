@@ -27,9 +27,14 @@ def warn_once(key, msg, *args):
 
 
 def hook_failed(target, exc):
-    """Record a failure inside hook code; the user's call goes on untouched."""
+    """Record a failure inside hook code; the user's call goes on untouched. Said once per
+    target and exception type, as a ``RuntimeWarning`` (shown by default) and on the logger."""
+    from .config import warn
+
     reason = f"{type(exc).__name__}: {exc}"
     errors[target] = reason
-    warn_once(("hook", target, type(exc).__name__),
-              "nvrx_ipc_fix: hook on %s failed and was skipped (%s); NVRx behaves as without "
-              "the fix for this call", target, reason)
+    key = ("hook", target, type(exc).__name__)
+    message = (f"nvrx_ipc_fix: hook on {target} failed and was skipped ({reason}); NVRx "
+               f"behaves as without the fix for this call")
+    warn_once(key, "%s", message)
+    warn(message, key)

@@ -13,7 +13,7 @@ class State(str, enum.Enum):
     PENDING = "pending"  # waiting for the target module to be imported
     FIXED_UPSTREAM = "fixed_upstream"  # this NVRx already does it; nothing installed
     NOT_APPLICABLE = "not_applicable"  # this NVRx (or its absence) cannot have the bug
-    UNSUPPORTED = "unsupported"  # the target's shape differs from what the fix expects
+    UNSUPPORTED = "unsupported"  # the code differs from what the fix expects; not patched
     DISABLED = "disabled"  # turned off (environment or deactivate())
     ERROR = "error"  # patching or a hook failed; the original runs
 
@@ -21,9 +21,13 @@ class State(str, enum.Enum):
         return self.value
 
 
-#: Which state a fix shows when its targets differ (first match wins).
-PRECEDENCE = (State.ERROR, State.ACTIVE, State.PENDING, State.FIXED_UPSTREAM,
-              State.UNSUPPORTED, State.NOT_APPLICABLE, State.DISABLED)
+#: Which state a fix shows when its targets differ (first match wins). A lost target
+#: (``error``, ``unsupported``) comes before ``active``: a fix that is not all patched where
+#: it applies is never shown as active.
+PRECEDENCE = (State.ERROR, State.UNSUPPORTED, State.ACTIVE, State.PENDING,
+              State.FIXED_UPSTREAM, State.NOT_APPLICABLE, State.DISABLED)
+#: The states of a target that does not apply although it should: each is warned about.
+LOST = (State.ERROR, State.UNSUPPORTED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +70,9 @@ class Status:
     prewarms: int  # checkpoint workers started ahead of the save that needs them
     prewarm_failures: int  # of those, workers that died or failed before their first save
     pinned_bytes: int = 0  # host memory the last prewarmed worker pinned ahead of its save
+    #: Distribution -> installed version, for each one newer than the newest version the
+    #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
+    untested: dict = dataclasses.field(default_factory=dict)
 
     def fix(self, name: str) -> FixStatus:
         """The status of fix ``name``."""

@@ -156,11 +156,16 @@ def _initializing(module):
 
 
 class Target:
-    """One function or method to wrap."""
+    """One function or method to wrap.
 
-    __slots__ = ("fix", "module", "attr", "wrapper", "params", "applies", "aliases")
+    A fix is installed in a module all or nothing: when one of its targets there that is not
+    ``optional`` cannot be patched, none of them is. An optional target's loss leaves the rest.
+    """
 
-    def __init__(self, fix, module, attr, wrapper, params, applies, aliases=False):
+    __slots__ = ("fix", "module", "attr", "wrapper", "params", "applies", "aliases", "optional")
+
+    def __init__(self, fix, module, attr, wrapper, params, applies, aliases=False,
+                 optional=False):
         self.fix = fix
         self.module = module
         self.attr = attr  # dotted path inside the module
@@ -168,6 +173,7 @@ class Target:
         self.params = params  # leading parameter names the original must have
         self.applies = applies  # module or None -> (state, reason), or None if it needs the module
         self.aliases = aliases  # module-level function: also redirect `from module import attr`
+        self.optional = optional  # the fix works without it (it only adds to what it says)
 
     @property
     def name(self):
@@ -205,9 +211,10 @@ def _watch(fix, module, applies):
 
 # The watch's close wrapper comes first, so that it sits under clear_on_close's.
 TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
+    # Optional: it only forwards the traceback of an exception outside the request's functions.
     Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
            "fixes.worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
-           worker_loop),
+           worker_loop, optional=True),
 ) + _watch("mcore_worker_watch", MCORE_ASYNC, mcore_persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
            "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
@@ -227,8 +234,9 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",
            ("self", "persistent"), warm_up),
 ) + tuple(
+    # each point works alone: a framework release without one of them keeps the others
     Target("release_on_offload", module, attr, f"fixes.release_on_offload:{wrapper}", ("self",),
-           release_policy)
+           release_policy, optional=True)
     for module, attr, wrapper in (  # offload: storage leaves; onload: the model comes back
         (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit", "offload_wrapper"),
         (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_after_refit", "offload_wrapper"),

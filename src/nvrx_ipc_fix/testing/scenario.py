@@ -350,8 +350,6 @@ class Trainer:
 
     def probe(self):
         """What the worker holds now (see ``_worker.describe_cache``)."""
-        from nvidia_resiliency_ext.checkpointing.async_ckpt import core
-
         from ..core.release import run_in_worker
         from ..core.worker import describe_cache
 
