@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import costs
+
 try:
     NVRX = metadata.version("nvidia-resiliency-ext")
 except metadata.PackageNotFoundError:
@@ -105,25 +107,149 @@ def run_process(args, *, fix=True, auto=False, env=None, timeout=120):
 
 
 def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, env=None,
-               timeout=120):
-    """Run ``code`` in a fresh interpreter; return its last stdout line parsed as JSON."""
-    rc, out, err = run_process([python, *flags, "-c", textwrap.dedent(code)], fix=fix,
-                               auto=auto, env=env, timeout=timeout)
+               timeout=120, forked=False):
+    """Run ``code`` in a fresh interpreter (``forked``: a child of the zygote, where that
+    stands for one, ``run_code``); return its last stdout line parsed as JSON."""
+    if forked and python == sys.executable and not flags:
+        rc, out, err = run_code(code, fix=fix, auto=auto, env=env, timeout=timeout)
+    else:
+        rc, out, err = run_process([python, *flags, "-c", textwrap.dedent(code)], fix=fix,
+                                   auto=auto, env=env, timeout=timeout)
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     return json.loads(out.strip().splitlines()[-1])
 
 
+class Zygote:
+    """The session's ``tests/zygote.py``: forks children that have torch and NVRx imported."""
+
+    def __init__(self):
+        env = _env(True, False)  # start-up activation off: the zygote never imports the package
+        self.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "zygote.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.exited, self.lines = {}, []
+        self._read(lambda: "ready" in self.lines[-1] if self.lines else False, 300)
+        self.lines.clear()
+
+    def start(self, code, env, out, err):
+        request = {"code": textwrap.dedent(code), "env": env, "cwd": os.getcwd(), "out": out,
+                   "err": err}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        self._read(lambda: any("rc" not in line for line in self.lines), 60)
+        started = next(line for line in self.lines if "rc" not in line)
+        self.lines.remove(started)
+        return started["pid"]
+
+    def wait(self, pid, timeout):
+        """The child's exit status, or None after ``timeout`` seconds."""
+        return self.exited.pop(pid) if self._read(lambda: pid in self.exited, timeout) else None
+
+    def _read(self, done, timeout):
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                return False
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the test zygote ended")
+            message = json.loads(line)
+            if "rc" in message:
+                self.exited[message["pid"]] = message["rc"]
+            else:
+                self.lines.append(message)
+        return True
+
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+_zygote = []  # the session's Zygote, started on first use
+
+
+def run_code(code, *, fix=True, auto=False, env=None, timeout=120):
+    """``run_process([python, "-c", code], ...)``'s result from a child of the zygote (which
+    has torch and NVRx imported), where it stands for a fresh interpreter: start-up
+    activation off (``auto``) and no ``PYTHON*`` variable of the child's own; else from a
+    fresh interpreter."""
+    return run_codes([code], fix=fix, auto=auto, env=env, timeout=timeout)[0]
+
+
+def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120):
+    """``run_code`` for each of ``codes``, all running at once (ranks of one job); their
+    ``(returncode, stdout, stderr)``. One still running after ``timeout`` seconds is killed
+    with its workers and fails the test."""
+    child_env = _env(fix, auto, env)
+    startup = {k: v for k, v in child_env.items() if k.startswith("PYTHON")}
+    if auto or startup != {k: v for k, v in _env(fix, False).items() if k.startswith("PYTHON")}:
+        return _run_fresh(codes, fix=fix, auto=auto, env=env, timeout=timeout)
+    import tempfile
+    import time
+
+    if not _zygote:
+        _zygote.append(Zygote())
+    with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-child-") as scratch:
+        files = [(os.path.join(scratch, f"out{i}"), os.path.join(scratch, f"err{i}"))
+                 for i in range(len(codes))]
+        pids = [_zygote[0].start(code, child_env, *paths) for code, paths in zip(codes, files)]
+        deadline, codes_out = time.monotonic() + timeout, []
+        for pid in pids:
+            rc = _zygote[0].wait(pid, max(0.0, deadline - time.monotonic()))
+            if rc is None:
+                for other in pids:
+                    try:
+                        os.killpg(other, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            codes_out.append(rc)
+        for pid, rc in zip(pids, codes_out):
+            if rc is None:
+                _zygote[0].wait(pid, 60)
+        results = []
+        for rc, (out, err) in zip(codes_out, files):
+            with open(out) as o, open(err) as e:
+                results.append((rc, o.read(), e.read()))
+    if any(rc is None for rc, _, _ in results):
+        pytest.fail(f"a child still running after {timeout} s (backstop watchdog)\n"
+                    + "\n".join(err[-2000:] for _, _, err in results))
+    return results
+
+
+def _run_fresh(codes, *, fix, auto, env, timeout):
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(fix, auto, env), start_new_session=True)
+             for code in codes]
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a child still running after {timeout} s (backstop watchdog)")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return results
+
+
 def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, numel=512,
-             env=None, finalize="blocking", no_dist=False, starts="spawn"):
+             env=None, finalize="blocking", no_dist=False, starts=None):
     """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.testing.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
     ``no_dist`` choose how saves are finalized, ``starts`` how NVRx starts its workers
-    (``scenario.Trainer``: ``forkserver`` where a cold start is not the subject). The scenario's watchdog
+    (``scenario.Trainer``; default: ``forkserver``, but ``spawn``, NVRx's own way, with
+    start-up activation, as users deploy it). The child is one of the zygote's where it can
+    be (``run_code``). The scenario's watchdog
     reports a hang as soon as the worker died, or after ``timeout`` s in one save; this
     process's backstop kills everything later. Returns the report, with ``cache_miss``
     (the worker printed "Worker cache miss") added.
     """
+    starts = starts or ("spawn" if auto else "forkserver")
     code = f"""
         import json, tempfile
         {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
@@ -134,8 +260,8 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
                                           finalize={finalize!r}, no_dist={no_dist!r},
                                           starts={starts!r})))
     """
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix,
-                               auto=auto, env=env, timeout=timeout * 2 + 30 * len(steps))
+    rc, out, err = run_code(code, fix=fix, auto=auto, env=env,
+                            timeout=timeout * 2 + 30 * len(steps))
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     report = json.loads(out.strip().splitlines()[-1])
     report["cache_miss"] = "Worker cache miss" in err
@@ -143,32 +269,67 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     return report
 
 
-def scenario_ranks(steps, directory, *, world_size=2, timeout=60, env=None, flags=(),
-                   backstop=400):
+def scenario_ranks(steps, directory, *, world_size=2, timeout=60, fix=True, env=None,
+                   flags=(), backstop=400):
     """Run ``steps`` (a comma list; ``<step>@<rank>`` runs on that rank only) on
-    ``world_size`` gloo ranks, one process each, meeting in ``directory``, with ``flags`` of
-    ``python -m nvrx_ipc_fix.testing.scenario``; returns each rank's report. A rank still
+    ``world_size`` gloo ranks at once, meeting in ``directory``, with ``flags`` of ``python
+    -m nvrx_ipc_fix.testing.scenario`` (default ``--starts forkserver``), as children of the
+    zygote where they can be (``run_codes``); returns each rank's report. A rank still
     running after ``backstop`` seconds is killed with its workers and fails the test."""
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps,
-         "--rank", str(rank), "--world-size", str(world_size), "--dir", str(directory),
-         "--timeout", str(timeout), "--numel", "512", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=_env(True, False, env)) for rank in range(world_size)]
+    flags = list(flags) if "--starts" in flags else ["--starts", "forkserver", *flags]
+    codes = [f"""
+        import sys
+        from nvrx_ipc_fix.testing.scenario import main
+        sys.exit(main({["--steps", steps, "--rank", str(rank), "--world-size", str(world_size),
+                        "--dir", str(directory), "--timeout", str(timeout), "--numel", "512",
+                        *flags]!r}))
+    """ for rank in range(world_size)]
     reports = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=backstop)
-            assert proc.returncode == 0, err[-3000:]
-            report = json.loads(out.strip().splitlines()[-1])
-            report["stderr"] = err[-3000:]
-            reports.append(report)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a rank still running after {backstop} s (backstop watchdog)")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    for rc, out, err in run_codes(codes, fix=fix, env=env, timeout=backstop):
+        assert rc == 0, err[-3000:]
+        report = json.loads(out.strip().splitlines()[-1])
+        report["stderr"] = err[-3000:]
+        reports.append(report)
     return reports
+
+
+# -- what the tests cost (tests/costs.py) ------------------------------------------------------
+
+_durations = {}  # test id -> seconds (setup, call and teardown)
+_own_costs_file = None  # the records' file this session made (removed at its end)
+
+
+def pytest_configure(config):
+    global _own_costs_file
+    if costs.installed() and not os.environ.get(costs.VARIABLE):
+        import tempfile
+
+        handle, _own_costs_file = tempfile.mkstemp(prefix="nvrx-ipc-fix-costs-", suffix=".tsv")
+        os.close(handle)
+        os.environ[costs.VARIABLE] = _own_costs_file
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The slowest tests with what they started, and the outcome counts; also written to
+    ``$NVRX_TESTS_SUMMARY`` (tox: each env's, which scripts/test prints at the end)."""
+    path = os.environ.get(costs.VARIABLE)
+    counts = ", ".join(f"{len(terminalreporter.stats.get(key, []))} {key}"
+                       for key in ("passed", "failed", "error", "skipped")
+                       if terminalreporter.stats.get(key))
+    lines = [f"tests: {counts or 'none run'} in {sum(_durations.values()):.0f} s of test time"]
+    if path:
+        lines += ["slowest tests, with the processes they started (tests/costs.py):",
+                  *costs.summary(_durations, path)]
+    terminalreporter.write_sep("=", "test costs")
+    for line in lines:
+        terminalreporter.write_line(line)
+    if os.environ.get("NVRX_TESTS_SUMMARY"):
+        with open(os.environ["NVRX_TESTS_SUMMARY"], "a") as out:  # an env may run pytest twice
+            out.write("\n".join(lines) + "\n")
+    if _own_costs_file is not None:
+        os.unlink(_own_costs_file)
 

@@ -110,7 +110,7 @@ def test_policy_finalize_releases_after_a_blocking_finalize():
 
 def test_the_kill_switch_of_release_on_offload_stops_the_finalize_release_too():
     report = scenario(["save", "save", "bridge_finalize", "probe", "replace", "save"],
-                      prelude=NEMO, starts="forkserver",
+                      prelude=NEMO,
                       env={"NVRX_IPC_FIX_RELEASE": "finalize",
                            "NVRX_IPC_FIX_DISABLE": "release_on_offload"})
     assert keys_per_probe(report) == [1] and report["releases_total"] == 0

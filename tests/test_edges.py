@@ -177,7 +177,7 @@ INTERRUPTED = """
     from nvrx_ipc_fix.testing import scenario
     results = {}
     with tempfile.TemporaryDirectory() as d:
-        t = scenario.Trainer(d, 4, 256)
+        t = scenario.Trainer(d, 4, 256, starts="forkserver")
         t.save(); t.save()
 
         def checked_save(label):
@@ -230,7 +230,7 @@ INTERRUPTED = """
 @needs_cache
 @pytest.mark.worker
 def test_release_interrupted_at_each_step_leaves_the_next_save_correct():
-    seen = run_python(INTERRUPTED, timeout=400)
+    seen = run_python(INTERRUPTED, timeout=400, forked=True)
     for label in ("finalizing pending saves", "forgetting the keys", "sending the request",
                   "waiting for the answer", "cleaning up after it", "after timeout=inf",
                   "after another thread's release"):

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from conftest import (MCORE, NVRX, PTH, _env, expect, needs_nvrx, run_process, run_python,
-                      scenario)
+                      scenario, scenario_ranks)
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -171,7 +171,7 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
     result = run_python("""
         import json, tempfile
         from nvrx_ipc_fix.testing import scenario
-        t = scenario.Trainer(tempfile.mkdtemp(), 4, 256)
+        t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
         t.save()
         caller = t.queue.persistent_caller
         join = caller.preload_q.join
@@ -196,7 +196,7 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
         out["same_worker"] = t.queue.persistent_caller is caller
         t.close()
         print(json.dumps(out))
-    """, timeout=180)
+    """, timeout=180, forked=True)
     assert result["interrupted"] and result["pending"] == 1, result
     kind, lost, text = result["error"]
     assert kind == "CheckpointWorkerError" and lost == [1], result
@@ -218,19 +218,9 @@ def test_fifty_failures_and_recoveries_leak_no_descriptors_semaphores_or_threads
     assert all(fifty[kind] <= one[kind] for kind in one), report["resources"]
 
 
-def two_ranks(tmp_path, steps, fix=True, timeout=20, impl="nvrx", finalize="blocking"):
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps,
-         "--rank", str(rank), "--world-size", "2", "--dir", str(tmp_path), "--timeout",
-         str(timeout), "--numel", "512", "--impl", impl, "--finalize", finalize],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env=_env(fix, auto=False)) for rank in (0, 1)]
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=4 * timeout + 120)
-        assert proc.returncode == 0, err[-3000:]
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    return reports
+def two_ranks(tmp_path, steps, fix=True, timeout=20, finalize="blocking"):
+    return scenario_ranks(steps, tmp_path, fix=fix, timeout=timeout, backstop=4 * timeout + 120,
+                          flags=["--finalize", finalize])
 
 
 @pytest.mark.parametrize("kind, finalize", [("kill", "blocking"), ("kill", "poll"),
@@ -326,7 +316,7 @@ def test_mcore_a_closed_caller_collected_later_leaves_the_next_worker_alone():
         out["stale"] = t.stale_tensors(path, version)
         t.close()
         print(json.dumps(out))
-    """, timeout=180)
+    """, timeout=180, forked=True)
     assert result == {"kept": True, "queues": True, "error": "CheckpointWorkerError",
                       "stale": 0}, result
 

@@ -85,7 +85,7 @@ def test_after_the_monitor_thread_died_a_death_in_the_handshake_or_in_close_stil
     """Then a worker that dies in a save's preload handshake is one error from that save's
     finalize, and one killed while close() waits on it ends the close; the next save loads."""
     report = scenario(["save", "fault-preload", "save", "stop-worker", "kill-worker-later",
-                       "close?", "save"], timeout=30, starts="forkserver",
+                       "close?", "save"], timeout=30,
                       prelude=KILLED if how == "killed" else "",
                       env=WARNS if how == "warning-as-error" else None)
     assert report["hang"] is None, report["stderr"]

@@ -18,7 +18,7 @@ while writing (``kill``) and an exception in ``async_fn`` (``raise``) on the oth
   finalize that reaches the save.
 
 Each mechanism runs in one trainer per ``no_dist``; NVRx's workers start from a forkserver
-(a cold start is not the subject). On today's main the automatic points lose the save with
+(a cold start is not the subject: conftest.scenario). On today's main the automatic points lose the save with
 no error, ``offloading()`` skips its block and a failed close is left half done."""
 
 import pytest
@@ -83,7 +83,7 @@ def steps_for(cell):
 
 def run(cells_, no_dist, env=None, prelude=EXTRA):
     steps = ["save"] + [step for cell in cells_ for step in steps_for(cell)]
-    return scenario(steps, prelude=prelude, no_dist=no_dist, starts="forkserver", timeout=30,
+    return scenario(steps, prelude=prelude, no_dist=no_dist, timeout=30,
                     env=env)
 
 

@@ -236,7 +236,7 @@ EDGES = """
 
 @pytest.fixture(scope="module")
 def edges():
-    return run_python(EDGES, timeout=180)
+    return run_python(EDGES, timeout=180, forked=True)
 
 
 def test_prewarm_refuses_what_is_not_a_queue(edges):

@@ -86,7 +86,7 @@ def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
         from nvrx_ipc_fix.testing import scenario
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
         with tempfile.TemporaryDirectory() as d:
-            t = scenario.Trainer(d, 4, 256)
+            t = scenario.Trainer(d, 4, 256, starts="forkserver")
             t.save()
             caller = t.queue.persistent_caller
             # a request that keeps the worker busy for longer than the bound
@@ -99,7 +99,7 @@ def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
             t.close()  # NVRx 0.6.0 hangs at exit after an abort without this, fix or not
             print(json.dumps({"error": report.error, "took": took,
                               "terminated": report.worker_terminated, "stale_after": stale}))
-    """, timeout=240)
+    """, timeout=240, forked=True)
     assert "did not answer within 2 s and was terminated" in result["error"]
     assert result["terminated"] and result["took"] < 45
     assert result["stale_after"] == 0
@@ -141,7 +141,7 @@ def test_release_with_no_queue_says_so_and_counts_no_cleanup():
         print(json.dumps({"skipped": list(r.skipped), "released": r.queues_released,
                           "again": [again.queues_released, again.keys_cleared],
                           "counted": [s.cleanups, s.releases]}))
-    """)
+    """, forked=True)
     assert result["released"] == 0
     assert result["skipped"] in (["queues: no live AsyncCallsQueue"],
                                  ["all: this NVRx has no worker cache"])
@@ -166,19 +166,20 @@ def test_a_rank_that_releases_alone_is_reported_and_goes_on_once_the_other_final
 
 @needs_cache
 @pytest.mark.worker
-@pytest.mark.parametrize("no_dist", [True, False], ids=["no_dist=True", "no_dist=False"])
 def test_release_finalizes_as_the_ranks_own_finalize_so_ranks_that_polled_apart_meet(
-        tmp_path, no_dist):
-    """Rank 0 finalizes a save itself while rank 1 has not yet (rank 0 then waits inside the
-    save's own finalize, DCP's gather); rank 1 reaches its offload point and releases. With
-    ``no_dist=True`` polls the ranks' pending saves differ: a release that entered NVRx's
-    finalize all-reduce there would meet rank 0 in another collective. release() finalizes
-    as the ranks' own finalize did (``no_dist`` of the queue's last finalize), so rank 1
-    joins rank 0's gather; then both release, and every save loads."""
+        tmp_path):
+    """Ranks that poll with ``no_dist=True`` finalize alone, so their pending saves can
+    differ: rank 0 finalizes a save while rank 1 has not yet (rank 0 then waits inside the
+    save's own finalize, DCP's gather), and rank 1 reaches its offload point and releases. A
+    release that entered NVRx's finalize all-reduce there would meet rank 0 in another
+    collective. release() finalizes as the ranks' own finalize did (``no_dist`` of the
+    queue's last finalize), so rank 1 joins rank 0's gather; then both release, and every
+    save loads. (With ``no_dist=False`` every poll is an all-reduce of all ranks: their
+    pending saves never differ, ``test_two_ranks_release_in_the_same_order``.)"""
     steps = "save,save-async,finalize@0,sleep2@1,flush,save"
     reports = scenario_ranks(steps, tmp_path, timeout=40, backstop=300,
-                             flags=["--starts", "forkserver", "--finalize", "poll"]
-                             + (["--no-dist"] if no_dist else []))
+                             flags=["--starts", "forkserver", "--finalize", "poll",
+                                    "--no-dist"])
     for report in reports:
         assert report["hang"] is None, report["stderr"]
         assert [s["stale"] for s in report["saves"]] == [0, 0, 0]

@@ -69,6 +69,7 @@ def _kwargs_accepted(fn, **wanted):
     return {k: v for k, v in wanted.items() if k in params}
 
 
+FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 #: ``--impl`` -> the module whose AsyncCallsQueue and AsyncRequest the trainer uses
 IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
          "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
@@ -103,17 +104,18 @@ def _stopped(process):
 
 
 def start_workers_from_forkserver(core):
-    """Let NVRx start its workers from a forkserver that has imported torch and NVRx once:
-    NVRx asks ``mp.get_context("spawn")`` for each, which imports them again (8 s of a 2-core
-    VM's CPU). Both pickle what they send the worker the same way. For tests whose subject is
-    not the cold start."""
+    """Let NVRx start its processes (its workers; its results queue's manager) from a
+    forkserver instead of a fresh interpreter each, which imports torch and NVRx again
+    (3.5 s of a 2-core VM's CPU): NVRx asks ``mp.get_context("spawn")`` for each; both
+    pickle what they send the same way. The server is forked from this process now, before it
+    has a thread of its own, so it has torch and NVRx already (``_fork_server``). For tests
+    whose subject is not the cold start."""
+    import importlib
+
     import torch.multiprocessing as mp
 
     server = mp.get_context("forkserver")
-    server.set_forkserver_preload([
-        "torch", "torch.distributed.checkpoint", core.__name__,
-        "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async",
-        "nvrx_ipc_fix.testing.fakecuda", "nvrx_ipc_fix.testing.faults"])
+    _fork_server()
 
     class Contexts:
         def __getattr__(self, name):
@@ -123,7 +125,39 @@ def start_workers_from_forkserver(core):
         def get_context(method=None):
             return server if method == "spawn" else mp.get_context(method)
 
-    core.mp = Contexts()
+    for module in (core, importlib.import_module(FS)):
+        module.mp = Contexts()
+
+
+def _fork_server():
+    """Start multiprocessing's forkserver as a fork of this process rather than a fresh
+    interpreter: ``ensure_running`` as it is, but its ``spawnv_passfds`` forks and runs the
+    server's ``main`` on the two descriptors it passes (the listening socket, the read end of
+    the "alive" pipe), every other descriptor but the resource tracker's closed there, as
+    the spawn would."""
+    from multiprocessing import forkserver, resource_tracker, util
+
+    def fork_server(_path, _args, passfds):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                keep = {0, 1, 2, *passfds, resource_tracker.getfd()}
+                for fd in map(int, os.listdir("/proc/self/fd")):
+                    if fd not in keep:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                forkserver.main(*passfds, [])
+            finally:
+                os._exit(0)
+        return pid
+
+    spawnv, util.spawnv_passfds = util.spawnv_passfds, fork_server
+    try:
+        forkserver.ensure_running()
+    finally:
+        util.spawnv_passfds = spawnv
 
 
 class Trainer:
