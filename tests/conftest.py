@@ -83,6 +83,26 @@ def expect(key):
     return EXPECT[NVRX][key]
 
 
+@pytest.fixture(autouse=True)
+def _children_temp_directory():
+    """Each test's children (and theirs: NVRx's workers, multiprocessing's ``pymp-*``) keep
+    their temporary files (checkpoints, process-group files) in a directory of the test's
+    own, short enough for a manager's socket below it, removed after the test."""
+    import shutil
+    import tempfile
+
+    path, before = tempfile.mkdtemp(prefix="nvrx-t-"), os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = path
+    try:
+        yield path
+    finally:
+        if before is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = before
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _env(fix, auto, extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
     if not fix:

@@ -38,8 +38,10 @@ if _path:
             _argv = _cmdline.read()
     except OSError:
         _argv = b""
-    _record("spawned" if b"spawn_main" in _argv else "forkserver" if b"forkserver" in _argv
-            else "tracker" if b"resource_tracker" in _argv else "interpreter")
+    _record("spawned" if b"multiprocessing.spawn import spawn_main" in _argv
+            else "forkserver" if b"multiprocessing.forkserver import main" in _argv
+            else "tracker" if b"multiprocessing.resource_tracker import main" in _argv
+            else "interpreter")
     os.register_at_fork(after_in_child=lambda: _record("fork"))
 '''
 KINDS = ("interpreter", "spawned", "forkserver", "fork")

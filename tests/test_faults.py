@@ -71,8 +71,9 @@ def test_without_the_package_a_write_failure_is_reported_and_a_stall_is_silent()
 def every_fault():
     """One trainer through every fault in turn, a save after each (one blocking finalize,
     no_dist=False, as Megatron's blocking save); activated at start-up where the .pth is
-    installed, as users deploy it."""
-    return scenario(steps_for(ALL), timeout=30, env=STALL, auto=PTH)
+    installed, as users deploy it; its workers start from a forkserver (the faults are the
+    subject, not their start)."""
+    return scenario(steps_for(ALL), timeout=30, env=STALL, auto=PTH, starts="forkserver")
 
 
 @pytest.fixture(scope="module", params=[MODES[0], *OTHER_MODES], ids=mode_id)

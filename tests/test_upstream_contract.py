@@ -8,7 +8,8 @@ worker's own message or "exit code 17", no call is left unfinalized, the caller'
 persistent state is reset, and a new queue's no-op request is finalized (``[0]``).
 
 On the CPU megatron-core's worker is forked after its CUDA device calls were made harmless
-(``fakecuda``); the GPU run (BENCHMARKS.md) runs PR #6971's own file with spawn."""
+(``fakecuda``), NVRx's from a forkserver (``scenario.start_workers_from_forkserver``); the
+GPU run (BENCHMARKS.md) runs PR #6971's own file with spawn."""
 
 import sys
 
@@ -29,6 +30,8 @@ CONTRACT = r"""
 
     impl = sys.argv[1]
     core = importlib.import_module(scenario.IMPLS[impl])
+    if impl == "nvrx":  # the subject is the failure, not the worker's cold start
+        scenario.start_workers_from_forkserver(core)
     fakecuda.install(forked_worker=impl == "mcore")
     dist.init_process_group("gloo", rank=0, world_size=1,
                             init_method=f"file://{tempfile.mkdtemp()}/pg")
@@ -92,7 +95,8 @@ WORDS = {"async_fn raises": "injected fault in the worker's async_fn",
 
 def contract(impl, fix=True):
     code = CONTRACT + "\n"
-    return run_python(code.replace("sys.argv[1]", repr(impl)), fix=fix, timeout=240)
+    return run_python(code.replace("sys.argv[1]", repr(impl)), fix=fix, timeout=240,
+                      forked=True)
 
 
 @pytest.mark.parametrize("impl", [
