@@ -11,14 +11,15 @@ chain: it is switched off through wrapt's ``enabled`` callable, and switched on 
 the next ``activate()``.
 
 Activation imports only ``os``, ``sys`` and ``_thread``; wrapt, ``inspect`` and
-``logging`` are imported when a target module is imported (torch is loaded by then).
+``logging`` are imported when a target module is imported (torch is loaded by then). A child
+made by ``os.fork()`` gets a fresh lock.
 """
 
 import os
 import sys
 from _thread import RLock
 
-from . import config as _config, hooks as _hooks
+from . import config as _config, fork as _fork, hooks as _hooks
 from .targets import FIXES, TARGETS
 
 _lock = RLock()
@@ -31,6 +32,14 @@ _hooked = set()  # modules with a registered hook
 _verdicts = {}
 _seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
 _patches = {}  # Target -> _Patch
+
+
+def _fresh_lock():
+    global _lock
+    _lock = RLock()
+
+
+_fork.in_child(_fresh_lock)
 
 
 class _Patch:

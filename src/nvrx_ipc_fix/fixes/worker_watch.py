@@ -43,7 +43,7 @@ import weakref
 from functools import partial
 from queue import Empty
 
-from ..core import cleanup as _cleanup, monitor as _monitor, worker as _worker
+from ..core import cleanup as _cleanup, fork as _fork, monitor as _monitor, worker as _worker
 from ..core.arguments import flags
 from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
 from ..core.log import hook_failed, logger
@@ -86,6 +86,16 @@ _callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the calle
 _abandoned = weakref.WeakSet()
 _exit_pid = None  # the process that registered at_exit (a forked child must not run it)
 _no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize call
+
+
+def _forget_the_parent():
+    """In a child of ``os.fork()``: no record of the parent's callers (``core.inherited``
+    detaches NVRx's objects from the parent's workers)."""
+    global _callers, _abandoned
+    _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
+
+
+_fork.in_child(_forget_the_parent)
 
 
 def _state(caller):
