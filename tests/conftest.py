@@ -251,14 +251,18 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     """
     starts = starts or ("spawn" if auto else "forkserver")
     code = f"""
-        import json, tempfile
+        import json, os, shutil, tempfile
         {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
         from nvrx_ipc_fix.testing import scenario
-        with tempfile.TemporaryDirectory() as d:
+        d, pid = tempfile.mkdtemp(), os.getpid()
+        try:
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
                                           n_tensors={tensors}, numel={numel},
                                           finalize={finalize!r}, no_dist={no_dist!r},
                                           starts={starts!r})))
+        finally:
+            if os.getpid() == pid:  # not in fork-exit's child, which leaves through here
+                shutil.rmtree(d, ignore_errors=True)
     """
     rc, out, err = run_code(code, fix=fix, auto=auto, env=env,
                             timeout=timeout * 2 + 30 * len(steps))

@@ -1,7 +1,76 @@
-"""A child the trainer makes with ``os.fork()`` (not through multiprocessing): it gets fresh
-locks and no record of the parent's workers, whatever thread held the locks at the fork."""
+"""A child the trainer makes with ``os.fork()`` (not through multiprocessing) that exits
+normally. On the real NVRx worker: whether it just exits (``fork-exit``) or first closes the
+queue it inherited, as NVRx's ``__del__`` does when the queue is collected
+(``fork-close-exit``), it exits promptly and leaves the trainer's checkpoint worker alone
+(kept after a save, prewarmed for the queue, or waiting in NVRx's warm-up slot): the next
+save takes the same worker and loads. Without the package the child's exit kills the worker
+and the next save waits for ever, and a child that closes the queue hangs
+(``core/inherited.py`` says why). And the child gets fresh locks and no record of the
+parent's workers, whatever thread held the locks at the fork."""
 
-from conftest import run_python
+import pytest
+
+from conftest import needs_nvrx, needs_warmup, run_python, scenario
+
+EXIT_BOUND = 15.0  # seconds: the child's exit, torch's teardown included, on a loaded machine
+
+
+def clean_exits(report, count):
+    assert len(report["fork_exits"]) == count, report["fork_exits"]
+    for child in report["fork_exits"]:
+        assert not child["hung"] and child["exitcode"] == 0, child
+        assert child["exit_s"] < EXIT_BOUND, child
+        assert child["stderr"] == "", child["stderr"]  # no traceback, no warning
+
+
+def same_workers(report, pids):
+    """After each child: no hang, the save loads, and it took the worker of ``pids``."""
+    assert report["hang"] is None, report["stderr"]
+    assert report["log"] == [], report["log"]  # no WARNING or ERROR: nothing died
+    after = [save for save in report["saves"] if save["worker_before"] is not None]
+    assert [(s["worker_before"], s["worker"]) for s in after] == [(pid, pid) for pid in pids]
+    assert all(s["stale"] == 0 and not s.get("lost") for s in report["saves"]), report["saves"]
+
+
+@needs_nvrx
+@pytest.mark.worker
+@pytest.mark.smoke
+def test_a_forked_child_s_exit_leaves_the_kept_worker_alone():
+    report = scenario(["save", "fork-exit", "save", "fork-close-exit", "save"])
+    same_workers(report, [report["saves"][0]["worker"]] * 2)
+    clean_exits(report, 2)
+
+
+@needs_warmup
+@pytest.mark.worker
+def test_a_forked_child_s_exit_leaves_a_prewarmed_worker_alone():
+    """First in NVRx's warm-up slot (``NVRX_IPC_FIX_PREWARM=start`` at the queue's creation),
+    then on the queue's own caller (``prewarm()``)."""
+    report = scenario(["ready", "fork-exit", "save", "terminate", "prewarm", "ready",
+                       "fork-close-exit", "save"], env={"NVRX_IPC_FIX_PREWARM": "start"})
+    slot, own = report["ready"]
+    assert slot["error"] is own["error"] is None and slot["pid"] != own["pid"], report["ready"]
+    same_workers(report, [slot["pid"], own["pid"]])
+    clean_exits(report, 2)
+
+
+@needs_nvrx
+@pytest.mark.worker
+def test_without_the_package_the_next_save_waits_for_ever():
+    report = scenario(["save", "fork-exit", "save"], fix=False)
+    (child,) = report["fork_exits"]
+    assert not child["hung"] and "can only join a child process" in child["stderr"], child
+    assert report["hang"] is not None and report["hang"]["step"] == 2, report
+    assert report["hang"]["worker_died"]  # SIGTERMed by the child's exit handler
+
+
+@needs_nvrx
+@pytest.mark.worker
+def test_without_the_package_a_child_that_closes_the_queue_hangs():
+    report = scenario(["save", "fork-close-exit"], fix=False)
+    (child,) = report["fork_exits"]
+    assert child["hung"], child
+    assert report["hang"] is not None and report["hang"]["step"] == 2, report  # its own close
 
 
 LOCKS = """

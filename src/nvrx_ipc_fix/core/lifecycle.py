@@ -12,7 +12,8 @@ the next ``activate()``.
 
 Activation imports only ``os``, ``sys`` and ``_thread``; wrapt, ``inspect`` and
 ``logging`` are imported when a target module is imported (torch is loaded by then). A child
-made by ``os.fork()`` gets a fresh lock.
+made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's checkpoint module is
+imported, it also lets go of the parent's workers (``inherited``).
 """
 
 import os
@@ -20,7 +21,8 @@ import sys
 from _thread import RLock
 
 from . import config as _config, fork as _fork, hooks as _hooks
-from .targets import FIXES, TARGETS
+from .detect import CORE
+from .targets import FIXES, MCORE_ASYNC, TARGETS
 
 _lock = RLock()
 _active = False
@@ -134,6 +136,8 @@ def _on_import(module):
     with _lock:
         if not _active:
             return
+        if module.__name__ in (CORE, MCORE_ASYNC):
+            from . import inherited  # noqa: F401  (registers with fork)
         mine = [t for t in TARGETS if t.module == module.__name__]
         decided = _all_or_nothing({t: _decide(t, module) for t in mine})
         _install_decided(decided, module)
