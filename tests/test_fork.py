@@ -121,3 +121,46 @@ def test_the_child_gets_fresh_locks_and_no_record_of_the_parent_s_workers():
                              "prewarm._reported", "monitor._monitor.lock"], found
     assert found["callers"] == found["starts"] == 0, found
     assert found["parent"] == {"callers": 1, "starts": 1}, found  # the parent keeps its own
+
+
+FAILING = """
+    import json, os, warnings
+    import nvrx_ipc_fix
+    from nvrx_ipc_fix.core import fork
+
+    TARGET = "nvidia_resiliency_ext.checkpointing.async_ckpt.core:PersistentAsyncCaller.close"
+    ran = []
+
+    def broken():  # a callback that meets a shape it does not expect
+        raise KeyError("persistent_caller")
+
+    fork.in_child(broken, TARGET)
+    fork.in_child(lambda: ran.append("next"))
+    read, write = os.pipe()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pid = os.fork()
+        if pid == 0:
+            rows = [t for t in nvrx_ipc_fix.status().targets if t.target == TARGET]
+            found = {"warnings": [(w.category.__name__, str(w.message)) for w in caught],
+                     "rows": [(t.fix, str(t.state), t.reason) for t in rows], "ran": ran}
+            os.write(write, json.dumps(found).encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        found = json.loads(answer.read())
+    os.waitpid(pid, 0)
+    found["parent"] = [str(t.state) for t in nvrx_ipc_fix.status().targets if t.target == TARGET]
+    print(json.dumps(found))
+"""
+
+
+def test_a_callback_that_fails_in_the_child_warns_and_status_says_why():
+    found = run_python(FAILING)
+    reason = "after os.fork(), in the child: broken failed: KeyError: 'persistent_caller'"
+    ((category, message),) = found["warnings"]  # one, visible by default
+    assert category == "RuntimeWarning" and message.startswith(f"nvrx_ipc_fix: {reason} (pid")
+    assert {(fix, state) for fix, state, _ in found["rows"]} == {
+        ("worker_watch", "error"), ("clear_on_close", "error")}, found
+    assert all(reason in why for _, _, why in found["rows"]), found
+    assert found["ran"] == ["next"] and "error" not in found["parent"], found
