@@ -37,19 +37,39 @@ _kept = []  # what the child dropped, kept from the garbage collector until it e
 
 def let_go():
     """Detach this child's copies of NVRx's objects from the parent's processes."""
+    if _active():
+        _leave(_nvrx(sys.modules.get(CORE)) + _mcore(sys.modules.get(MCORE_ASYNC))
+               + [_results_manager()])
+
+
+def forget(callers):
+    """Detach ``callers`` too: a fix's records of the callers it saw (NVRx 0.4.1 keeps no
+    list of its queues)."""
+    if _active():
+        _leave([_forget(caller) for caller in callers])
+
+
+def _active():
     from . import lifecycle
 
-    if not lifecycle._active:
-        return  # deactivated: NVRx's own behaviour
-    processes = _nvrx(sys.modules.get(CORE)) + _mcore(sys.modules.get(MCORE_ASYNC))
-    results = getattr(sys.modules.get(FS), "_results_queue", None)
-    if results is not None:
-        _kept.append(results)
-        sys.modules[FS]._results_queue = None
-        processes.append(getattr(getattr(results, "_manager", None), "_process", None))
+    return lifecycle._active  # deactivated: NVRx's own behaviour
+
+
+def _leave(processes):
+    """``processes`` are not this child's: multiprocessing's exit handler leaves them alone."""
     children = getattr(sys.modules.get("multiprocessing.process"), "_children", set())
     for process in processes:
         children.discard(process)
+
+
+def _results_manager():
+    """The process of NVRx's results-queue manager; the child makes its own."""
+    results = getattr(sys.modules.get(FS), "_results_queue", None)
+    if results is None:
+        return None
+    _kept.append(results)
+    sys.modules[FS]._results_queue = None
+    return getattr(getattr(results, "_manager", None), "_process", None)
 
 
 def _nvrx(core):

@@ -43,8 +43,10 @@ import weakref
 from functools import partial
 from queue import Empty
 
-from ..core import cleanup as _cleanup, fork as _fork, monitor as _monitor, worker as _worker
+from ..core import cleanup as _cleanup, fork as _fork, inherited as _inherited
+from ..core import monitor as _monitor, worker as _worker
 from ..core.arguments import flags
+from ..core.detect import CORE
 from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
 from ..core.log import hook_failed, logger
 
@@ -89,13 +91,14 @@ _no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize 
 
 
 def _forget_the_parent():
-    """In a child of ``os.fork()``: no record of the parent's callers (``core.inherited``
-    detaches NVRx's objects from the parent's workers)."""
+    """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
+    (``core.inherited``, which finds the others), and the watch keeps no record of them."""
     global _callers, _abandoned
+    _inherited.forget(list(_callers))
     _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
 
-_fork.in_child(_forget_the_parent)
+_fork.in_child(_forget_the_parent, f"{CORE}:PersistentAsyncCaller.close")
 
 
 def _state(caller):
