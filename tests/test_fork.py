@@ -145,16 +145,14 @@ def test_the_child_gets_fresh_locks_and_no_record_of_the_parent_s_workers():
 FAILING = """
     import json, os, warnings
     import nvrx_ipc_fix
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import core
     from nvrx_ipc_fix.core import fork
 
-    TARGET = "nvidia_resiliency_ext.checkpointing.async_ckpt.core:PersistentAsyncCaller.close"
+    TARGET = f"{core.__name__}:PersistentAsyncCaller.close"
     ran = []
-
-    def broken():  # a callback that meets a shape it does not expect
-        raise KeyError("persistent_caller")
-
-    fork.in_child(broken, TARGET)
-    fork.in_child(lambda: ran.append("next"))
+    fork.in_child(lambda: ran.append("next"))  # after the package's own callbacks
+    queue = core.AsyncCallsQueue(persistent=True)
+    queue.async_calls.append(None)  # a pending save of a shape the package does not expect
     read, write = os.pipe()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -165,6 +163,7 @@ FAILING = """
                      "rows": [(t.fix, str(t.state), t.reason) for t in rows], "ran": ran}
             os.write(write, json.dumps(found).encode())
             os._exit(0)
+    queue.async_calls.clear()
     os.close(write)
     with os.fdopen(read) as answer:
         found = json.loads(answer.read())
@@ -174,12 +173,16 @@ FAILING = """
 """
 
 
+@needs_nvrx
 def test_a_callback_that_fails_in_the_child_warns_and_status_says_why():
+    """An unexpected shape met in the child is the package's defect: one RuntimeWarning,
+    ``status()`` there names it, the other callbacks still run; the parent is untouched."""
     found = run_python(FAILING)
-    reason = "after os.fork(), in the child: broken failed: KeyError: 'persistent_caller'"
+    reason = ("after os.fork(), in the child: let_go failed: TypeError: 'NoneType' object is "
+              "not subscriptable")
     ((category, message),) = found["warnings"]  # one, visible by default
     assert category == "RuntimeWarning" and message.startswith(f"nvrx_ipc_fix: {reason} (pid")
     assert {(fix, state) for fix, state, _ in found["rows"]} == {
         ("worker_watch", "error"), ("clear_on_close", "error")}, found
     assert all(reason in why for _, _, why in found["rows"]), found
-    assert found["ran"] == ["next"] and "error" not in found["parent"], found
+    assert found["ran"] == ["next"] and found["parent"] == ["active", "active"], found

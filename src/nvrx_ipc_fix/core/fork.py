@@ -31,12 +31,11 @@ def _run():
 
 
 def _failed(callback, target, exc):
-    import warnings
-
+    from .config import warn
     from .log import errors
 
     reason = f"after os.fork(), in the child: {callback.__qualname__} failed: " \
              f"{type(exc).__name__}: {exc}"
     if target is not None:
         errors[target] = reason
-    warnings.warn(f"nvrx_ipc_fix: {reason} (pid {os.getpid()})", RuntimeWarning, stacklevel=2)
+    warn(f"nvrx_ipc_fix: {reason} (pid {os.getpid()})", ("fork", callback.__qualname__))
