@@ -10,7 +10,7 @@ parent's workers, whatever thread held the locks at the fork."""
 
 import pytest
 
-from conftest import MCORE, expect, needs_nvrx, needs_warmup, run_python, scenario
+from conftest import MCORE, NVRX, expect, lacks, needs_nvrx, needs_warmup, run_python, scenario
 
 EXIT_BOUND = 15.0  # seconds: the child's exit, torch's teardown included, on a loaded machine
 
@@ -173,16 +173,17 @@ FAILING = """
 """
 
 
-@needs_nvrx
+@pytest.mark.skipif(NVRX in (None, "0.4.1"), reason=lacks("keeps no list of its queues"))
 def test_a_callback_that_fails_in_the_child_warns_and_status_says_why():
     """An unexpected shape met in the child is the package's defect: one RuntimeWarning,
-    ``status()`` there names it, the other callbacks still run; the parent is untouched."""
+    ``status()`` there names it on the patched targets it serves, the other callbacks still
+    run; the parent is untouched."""
     found = run_python(FAILING)
     reason = ("after os.fork(), in the child: let_go failed: TypeError: 'NoneType' object is "
               "not subscriptable")
     ((category, message),) = found["warnings"]  # one, visible by default
     assert category == "RuntimeWarning" and message.startswith(f"nvrx_ipc_fix: {reason} (pid")
-    assert {(fix, state) for fix, state, _ in found["rows"]} == {
-        ("worker_watch", "error"), ("clear_on_close", "error")}, found
-    assert all(reason in why for _, _, why in found["rows"]), found
-    assert found["ran"] == ["next"] and found["parent"] == ["active", "active"], found
+    patched = ["worker_watch"] + (["clear_on_close"] if expect("cache") else [])
+    errors = sorted(fix for fix, state, why in found["rows"] if state == "error" and reason in why)
+    assert errors == sorted(patched), found
+    assert found["ran"] == ["next"] and found["parent"].count("active") == len(patched), found
