@@ -31,14 +31,16 @@ EXPECT = {
     #        cache   stale after replace   hang after close   pointer check (PR #314)
     #        worker_loop: the worker calls PersistentAsyncCaller.async_process_target by name
     #        warmup: AsyncCallsQueue.warmup_persistent_caller (a worker can start before a save)
+    #        daemon: the persistent worker is daemonic by default (multiprocessing's exit
+    #        handler SIGTERMs it)
     "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False,
-                  warmup=False),
+                  warmup=False, daemon=False),
     "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=True,
-                  warmup=False),
+                  warmup=False, daemon=False),
     "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False, worker_loop=True,
-                  warmup=True),
+                  warmup=True, daemon=True),
     "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True, worker_loop=True,
-                  warmup=True),
+                  warmup=True, daemon=True),
 }
 try:
     MCORE = metadata.version("megatron-core")
@@ -257,28 +259,35 @@ def _run_fresh(codes, *, fix, auto, env, timeout):
 
 
 def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, numel=512,
-             env=None, finalize="blocking", no_dist=False, starts=None):
+             env=None, finalize="blocking", no_dist=False, starts=None, impl="nvrx",
+             cached=True):
     """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.testing.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
     ``no_dist`` choose how saves are finalized, ``starts`` how NVRx starts its workers
     (``scenario.Trainer``; default: ``forkserver``, but ``spawn``, NVRx's own way, with
-    start-up activation, as users deploy it). The child is one of the zygote's where it can
-    be (``run_code``). The scenario's watchdog
+    start-up activation, as users deploy it), ``impl`` whose worker, ``cached`` whether the
+    writer caches. The child is one of the zygote's where it can be (``run_code``). The
+    scenario's watchdog
     reports a hang as soon as the worker died, or after ``timeout`` s in one save; this
     process's backstop kills everything later. Returns the report, with ``cache_miss``
     (the worker printed "Worker cache miss") added.
     """
     starts = starts or ("spawn" if auto else "forkserver")
     code = f"""
-        import json, tempfile
+        import json, os, shutil, tempfile
         {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
         from nvrx_ipc_fix.testing import scenario
-        with tempfile.TemporaryDirectory() as d:
+        d, pid = tempfile.mkdtemp(), os.getpid()
+        try:
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
                                           n_tensors={tensors}, numel={numel},
                                           finalize={finalize!r}, no_dist={no_dist!r},
-                                          starts={starts!r})))
+                                          starts={starts!r}, impl={impl!r},
+                                          cached={cached!r})))
+        finally:
+            if os.getpid() == pid:  # not in fork-exit's child, which leaves through here
+                shutil.rmtree(d, ignore_errors=True)
     """
     rc, out, err = run_code(code, fix=fix, auto=auto, env=env,
                             timeout=timeout * 2 + 30 * len(steps))

@@ -11,15 +11,18 @@ chain: it is switched off through wrapt's ``enabled`` callable, and switched on 
 the next ``activate()``.
 
 Activation imports only ``os``, ``sys`` and ``_thread``; wrapt, ``inspect`` and
-``logging`` are imported when a target module is imported (torch is loaded by then).
+``logging`` are imported when a target module is imported (torch is loaded by then). A child
+made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's checkpoint module is
+imported, it also lets go of the parent's workers (``inherited``).
 """
 
 import os
 import sys
 from _thread import RLock
 
-from . import config as _config, hooks as _hooks
-from .targets import FIXES, TARGETS
+from . import config as _config, fork as _fork, hooks as _hooks
+from .detect import CORE
+from .targets import FIXES, MCORE_ASYNC, TARGETS
 
 _lock = RLock()
 _active = False
@@ -31,6 +34,14 @@ _hooked = set()  # modules with a registered hook
 _verdicts = {}
 _seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
 _patches = {}  # Target -> _Patch
+
+
+def _fresh_lock():
+    global _lock
+    _lock = RLock()
+
+
+_fork.in_child(_fresh_lock)
 
 
 class _Patch:
@@ -125,6 +136,8 @@ def _on_import(module):
     with _lock:
         if not _active:
             return
+        if module.__name__ in (CORE, MCORE_ASYNC):
+            from . import inherited  # noqa: F401  (registers with fork)
         mine = [t for t in TARGETS if t.module == module.__name__]
         decided = _all_or_nothing({t: _decide(t, module) for t in mine})
         _install_decided(decided, module)

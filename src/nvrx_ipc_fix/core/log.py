@@ -6,11 +6,21 @@ Imported only when something is logged, so that activation does not import ``log
 import logging
 import threading
 
+from . import fork as _fork
+
 logger = logging.getLogger("nvrx_ipc_fix")
 logger.addHandler(logging.NullHandler())
 
 _seen = set()
 _lock = threading.Lock()
+
+
+def _fresh_lock():
+    global _lock
+    _lock = threading.Lock()
+
+
+_fork.in_child(_fresh_lock)
 
 #: Target name -> one-line reason of the last failure inside our hook code.
 errors = {}

@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from multiprocessing import connection
 
-from . import config as _config
+from . import config as _config, fork as _fork
 from .log import logger
 
 
@@ -203,8 +203,7 @@ class _Monitor:
 
 
 _monitor = _Monitor()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_monitor.reset_after_fork)
+_fork.in_child(_monitor.reset_after_fork)
 
 
 @contextmanager

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import os
 import sys
 import threading
 import time
@@ -44,7 +45,7 @@ import weakref
 from dataclasses import dataclass
 from queue import Empty
 
-from ..core import cleanup as _cleanup, config as _config, monitor as _monitor
+from ..core import cleanup as _cleanup, config as _config, fork as _fork, monitor as _monitor
 from ..core.detect import CORE, FS
 from ..core.log import hook_failed, logger
 from ..core.worker import take_file, warm_up
@@ -97,7 +98,18 @@ _reported = threading.Lock()  # a failure is counted and logged once
 _starts = weakref.WeakKeyDictionary()  # PersistentAsyncCaller -> _Start, until a save takes it
 _scheduling = weakref.WeakSet()  # queues inside schedule_async_request
 _sizes = weakref.WeakKeyDictionary()  # queue -> byte sizes of the CUDA tensors it last sent
-_exit_hook = []
+_exit_pid = None  # the process that registered _at_exit (a forked child inherits the handler)
+
+
+def _forget_the_parent():
+    """In a child of ``os.fork()``: fresh locks, and none of the parent's workers (the child
+    never started them; ``core.inherited`` detaches NVRx's objects from them)."""
+    global _lock, _reported, _starts, _scheduling
+    _lock, _reported = threading.RLock(), threading.Lock()
+    _starts, _scheduling = weakref.WeakKeyDictionary(), weakref.WeakSet()
+
+
+_fork.in_child(_forget_the_parent)
 
 
 def prewarm(queue=None) -> PrewarmReport:
@@ -321,6 +333,7 @@ def _start(queue, core, rank, slot):
     """Start ``queue``'s worker and the thread that waits for its answer; its pid. The
     worker goes to the queue's caller (NVRx makes one as for a save), or with ``slot`` and
     no caller yet to NVRx's warm-up slot, as ``warmup_persistent_caller`` does."""
+    global _exit_pid
     caller = queue.persistent_caller
     slot = slot and caller is None
     try:
@@ -348,8 +361,9 @@ def _start(queue, core, rank, slot):
             _let_go(queue, caller, _starts.pop(caller, None))
         raise
     _cleanup.totals.prewarms += 1
-    if not _exit_hook:
-        _exit_hook.append(atexit.register(stop_unused))
+    if _exit_pid != os.getpid():
+        _exit_pid = os.getpid()
+        atexit.register(_at_exit)
     return start.process.pid
 
 
@@ -469,6 +483,13 @@ def _let_go(queue, caller, start):
     slot = sys.modules[CORE].AsyncCallsQueue
     if getattr(slot, "_warmup_persistent_caller", None) is caller:
         slot._warmup_persistent_caller = None
+
+
+def _at_exit():
+    """``stop_unused`` at the exit of the process that started the workers, never in a
+    forked child that inherited this handler."""
+    if _exit_pid == os.getpid():
+        stop_unused()
 
 
 def stop_unused():

@@ -43,8 +43,10 @@ import weakref
 from functools import partial
 from queue import Empty
 
-from ..core import cleanup as _cleanup, monitor as _monitor, worker as _worker
+from ..core import cleanup as _cleanup, fork as _fork, inherited as _inherited
+from ..core import monitor as _monitor, worker as _worker
 from ..core.arguments import flags
+from ..core.detect import CORE
 from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
 from ..core.log import hook_failed, logger
 
@@ -86,6 +88,17 @@ _callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the calle
 _abandoned = weakref.WeakSet()
 _exit_pid = None  # the process that registered at_exit (a forked child must not run it)
 _no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize call
+
+
+def _forget_the_parent():
+    """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
+    (``core.inherited``, which finds the others), and the watch keeps no record of them."""
+    global _callers, _abandoned
+    _inherited.forget(list(_callers))
+    _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
+
+
+_fork.in_child(_forget_the_parent, f"{CORE}:PersistentAsyncCaller.close")
 
 
 def _state(caller):

@@ -23,7 +23,10 @@ what it holds: its pid, cached keys and mapped shared-memory segments), ``resour
 normally; the exception each rank saw is reported, and a rank whose save could not be
 handed over then finalizes, as a training loop does, so the failure reaches the others),
 ``fault-<kind>-async`` (the same save, left pending), ``finalize`` (finalize pending
-saves) and ``sleep<seconds>``. Any step but a fault, written ``<step>@<rank>``, runs on
+saves), ``fork-exit`` (``os.fork()`` a child that exits at once with ``sys.exit(0)``; its exit
+code, how long its exit took, its stderr, and whether it hung), ``fork-close-exit`` (the same
+child closes the queue it inherited first, as NVRx's ``__del__`` does when the queue is
+collected) and ``sleep<seconds>``. Any step but a fault, written ``<step>@<rank>``, runs on
 that rank only; written ``<step>?``, it may raise (a call the package finalizes in), and
 ``calls`` reports what it raised. A fault step, and a ``finalize`` step that raises, reports what was raised,
 by which call, which saves the error names as not saved, what is still pending after
@@ -75,6 +78,8 @@ IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
          "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
 STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
 HUNG = threading.Event()  # set once the watchdog has reported a hang
+FORK_EXIT_BOUND = 20.0  # seconds a forked child may take to exit before it counts as hung
+_forked = []  # fork-exit's child while it runs (the hang exit kills it)
 _scratch = None  # main()'s temp directory: this process's and its children's TMPDIR
 
 
@@ -504,6 +509,8 @@ def _step(trainer, report, index, step, n_tensors, rank):
         report.setdefault("ready", []).append(_ready(trainer))
     elif step == "resources":
         report.setdefault("resources", []).append(resources())
+    elif step in ("fork-exit", "fork-close-exit"):
+        report.setdefault("fork_exits", []).append(_fork_exit(trainer, step == "fork-close-exit"))
     elif step == "kill-worker":
         trainer.kill_worker()
     elif step == "stop-worker":
@@ -559,6 +566,40 @@ def _ready(trainer):
             "ready_s": None if start.ready_s is None else round(start.ready_s, 3),
             "pinning": start.pinning, "pinned_bytes": start.pinned_bytes,
             "pin_error": start.pin_error}
+
+
+def _fork_exit(trainer, close=False):
+    """Fork a child with ``os.fork()`` that ends at once as a script does, ``sys.exit(0)``
+    (every exit handler it inherited runs), after closing the queue with ``close``: its pid,
+    exit code, how long its exit took, its stderr, and whether it hung (still there after
+    ``FORK_EXIT_BOUND`` s: killed)."""
+    trainer.phase = "fork"  # for the watchdog: this step waits on the child, not the worker
+    with tempfile.TemporaryFile() as stderr:
+        began = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(stderr.fileno(), 2)
+            try:
+                if close:
+                    trainer.close()
+            finally:
+                sys.exit(0)
+        _forked.append(pid)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        while not done and time.monotonic() - began < FORK_EXIT_BOUND:
+            time.sleep(0.05)
+            done, status = os.waitpid(pid, os.WNOHANG)
+        seconds = time.monotonic() - began
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        _forked.remove(pid)
+        stderr.seek(0)
+        text = stderr.read().decode(errors="replace")
+    trainer.phase = None
+    return {"pid": pid, "exit_s": round(seconds, 2), "hung": not done,
+            "exitcode": os.waitstatus_to_exitcode(status) if done else None,
+            "stderr": text[-2000:]}
 
 
 def _fault(trainer, report, index, step, rank):
@@ -704,7 +745,10 @@ class _Watchdog:
                     self._hang(step, now, died)
 
     def _worker_dead(self):
-        """Has the worker that takes this step died (None: there is none, keep the answer)?"""
+        """Has the worker that takes this step died (None: there is none, or the step does
+        not wait on it; keep the answer)?"""
+        if self.trainer.phase == "fork":
+            return None
         worker = self.trainer.worker()
         return None if worker is None else worker.exitcode is not None
 
@@ -724,6 +768,8 @@ class _Watchdog:
         children = multiprocessing.active_children()
         for child in children:
             child.kill()
+        for pid in _forked:  # fork-exit's child, not multiprocessing's
+            os.kill(pid, signal.SIGKILL)
         for child in children:
             child.join(5)
         if _scratch is not None:  # os._exit runs no clean-up
