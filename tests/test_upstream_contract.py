@@ -11,7 +11,6 @@ On the CPU megatron-core's worker is forked after its CUDA device calls were mad
 (``fakecuda``), NVRx's from a forkserver (``scenario.start_workers_from_forkserver``); the
 GPU run (BENCHMARKS.md) runs PR #6971's own file with spawn."""
 
-import sys
 
 import pytest
 
