@@ -95,14 +95,14 @@ def test_without_the_package_a_child_that_closes_the_queue_hangs():
 LOCKS = """
     import json, os, threading
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import lifecycle, log, monitor
-    from nvrx_ipc_fix.fixes import prewarm, worker_watch
+    from nvrx_ipc_fix.core import lifecycle, log, monitor, workers
+    from nvrx_ipc_fix.core import prewarming as prewarm
 
     class Caller:  # an entry in the package's own records of callers
         pass
 
     caller = Caller()
-    worker_watch._state(caller)
+    workers.state(caller)
     prewarm._starts[caller] = "a worker started here"
     LOCKS = ["lifecycle._lock", "log._lock", "prewarm._lock", "prewarm._reported",
              "monitor._monitor.lock"]
@@ -121,7 +121,7 @@ LOCKS = """
     pid = os.fork()
     if pid == 0:
         found = {"free": [name for name in LOCKS if eval(name).acquire(timeout=1)],
-                 "callers": len(worker_watch._callers), "starts": len(prewarm._starts)}
+                 "callers": len(workers._callers), "starts": len(prewarm._starts)}
         os.write(write, json.dumps(found).encode())
         os._exit(0)
     os.close(write)
@@ -129,7 +129,7 @@ LOCKS = """
     with os.fdopen(read) as answer:
         found = json.loads(answer.read())
     os.waitpid(pid, 0)
-    found["parent"] = {"callers": len(worker_watch._callers), "starts": len(prewarm._starts)}
+    found["parent"] = {"callers": len(workers._callers), "starts": len(prewarm._starts)}
     print(json.dumps(found))
 """
 

@@ -158,14 +158,14 @@ def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change,
 # does not raise, and every save loads.
 DEFECT = """
     import sys
-    from nvrx_ipc_fix.fixes import worker_watch as _w
-    _state, _broken = _w._state, []
+    from nvrx_ipc_fix.core import workers as _w
+    _state, _broken = _w.state, []
     def _breaks_once_in(caller):
         if sys._getframe(1).f_code.co_name == {where!r} and not _broken:
             _broken.append(True)
             raise RuntimeError("an injected defect of the watch")
         return _state(caller)
-    _w._state = _breaks_once_in
+    _w.state = _breaks_once_in
 """
 
 

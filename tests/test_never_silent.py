@@ -74,11 +74,13 @@ LATER = cells(["prepare_for_training", "prewarm", "slime_wake_up"])
 
 
 def steps_for(cell):
+    """The cell's steps, each named ``<path>/<kind>/<part>`` (``report["named"]``)."""
     path, kind = cell
-    steps = [f"fault-{kind}-async", f"{path}?"]
+    name = f"{path}/{kind}"
+    steps = [f"fault-{kind}-async#{name}/faulted", f"{path}?#{name}/call"]
     if cell in LATER:
-        steps.append("finalize?")
-    return steps + ["save"]
+        steps.append(f"finalize?#{name}/finalize")
+    return steps + [f"save#{name}/after"]
 
 
 def run(cells_, no_dist, env=None, prelude=EXTRA):
@@ -91,15 +93,13 @@ def check(report, cells_):
     """Every cell: one error, from the call the docs name; its work done; the next save
     loads; no hang."""
     assert report["hang"] is None, report["stderr"]
-    calls = {c["step"]: c for c in report["calls"]}
-    saves = {s["step"]: s for s in report["saves"]}
-    step, problems = 1, []
+    problems, saves = [], {s["step"]: s for s in report["saves"]}
     for cell in cells_:
         path, kind = cell
-        faulted = saves[step]
-        raiser = calls[step + 2] if cell in LATER else calls[step + 1]
-        quiet = [calls[step + 1]] if cell in LATER else []
-        after = saves[step + len(steps_for(cell)) - 1]
+        named = {key.rpartition("/")[2]: entry for key, entry in report["named"].items()
+                 if key.rpartition("/")[0] == f"{path}/{kind}"}
+        faulted, call, after = saves[named["faulted"]["step"]], named["call"], named["after"]
+        raiser, quiet = (named["finalize"], [call]) if cell in LATER else (call, [])
         error = raiser["error"]
         expected = "CheckpointWorkerError" if kind != "write" else (
             "RuntimeError" if NVRX == "0.4.1" else "CheckpointException")
@@ -115,11 +115,10 @@ def check(report, cells_):
         if path in MOVES and (quiet or [raiser])[0]["moved"] != MOVES[path]:
             problems.append(f"{cell}: {path} moved the storage "
                             f"{(quiet or [raiser])[0]['moved']} times, not {MOVES[path]}")
-        if path in NO_WORKER and calls[step + 1]["workers_after"] != 0:
+        if path in NO_WORKER and call["workers_after"] != 0:
             problems.append(f"{cell}: a checkpoint worker is left after {path}")
         if after["stale"] != 0 or after.get("lost"):
             problems.append(f"{cell}: the next save did not load: {after['stale']}")
-        step += len(steps_for(cell))
     silent = [s["step"] for s in report["saves"] if s["stale"] != 0 and not s.get("lost")]
     if silent:  # the worst case: not saved, and no error said so
         problems.append(f"saves lost with no error (steps {silent})")

@@ -83,7 +83,7 @@ def test_a_prewarmed_worker_pins_the_last_save_s_host_memory_before_it_is_ready(
 
 
 PIN_PRELUDE = """
-    from nvrx_ipc_fix.fixes import prewarm as _prewarm
+    from nvrx_ipc_fix.core import prewarming as _prewarm
     from nvrx_ipc_fix.testing import scenario as _scenario
     _scenario.EXTRA_STEPS["huge-pin"] = lambda t: _prewarm._sizes.__setitem__(t.queue,
                                                                               (1 << 62,))
@@ -282,7 +282,7 @@ def test_prewarm_setting_values(edges):
 INTERRUPTED = """
     import json, signal, tempfile, time
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.fixes import prewarm as _prewarm
+    from nvrx_ipc_fix.core import prewarming as _prewarm
     from nvrx_ipc_fix.testing import scenario
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core
     out = {}
@@ -307,18 +307,18 @@ INTERRUPTED = """
             raise KeyboardInterrupt
 
         signal.signal(signal.SIGALRM, ctrl_c)
-        take_over = _prewarm._take_over
+        take_over = _prewarm.take_over
 
         def armed(queue):  # Ctrl-C while the save waits for the worker to start
             signal.setitimer(signal.ITIMER_REAL, 0.2)
             return take_over(queue)
 
-        _prewarm._take_over = armed
+        _prewarm.take_over = armed
         try:
             t.save()
         except KeyboardInterrupt:
             out["save"] = "interrupted"
-        _prewarm._take_over = take_over
+        _prewarm.take_over = take_over
         out["saves"] = []
         for _ in range(2):
             _, _, path, version = t.save()

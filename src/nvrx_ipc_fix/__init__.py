@@ -7,10 +7,9 @@ only registers post-import hooks: NVRx and Megatron are patched when they are im
 and activation imports neither them nor torch.
 """
 
-__version__ = "0.1.0"
-
-from .core.lifecycle import activate, deactivate, status  # noqa: E402
-from .core.lifecycle import enable as _enable  # noqa: E402
+from .core import __version__
+from .core.lifecycle import activate, deactivate, status
+from .core.lifecycle import enable as _enable
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
            "prewarm", "PrewarmReport", "CheckpointWorkerError", "PersistentAsyncWorkerError",
@@ -20,8 +19,9 @@ __all__ = ["activate", "deactivate", "status", "release", "offloading", "Release
            "TargetStatus"]
 
 _LAZY = {"State": "core.status", "Status": "core.status", "FixStatus": "core.status",
-         "TargetStatus": "core.status", "release": "core.release", "offloading": "core.release",
-         "ReleaseReport": "core.release", "prewarm": "fixes.prewarm", "PrewarmReport": "fixes.prewarm",
+         "TargetStatus": "core.status", "release": "features.release",
+         "offloading": "features.release", "ReleaseReport": "core.release",
+         "prewarm": "features.prewarm", "PrewarmReport": "core.prewarming",
          "CheckpointWorkerError": "core.errors", "PersistentAsyncWorkerError": "core.errors",
          "ray_runtime_env": "core.ray"}
 

@@ -1,6 +1,9 @@
-"""The machinery the fixes share: the one table of targets (``targets``), activation
-(``lifecycle``, ``hooks``), settings (``config``), what is installed (``detect``), ``status``,
-the wait watch (``monitor``), clean-up and ``release()`` (``cleanup``, ``release``), what runs in
-NVRx's worker (``worker``), errors, logging, the Ray hook (``ray``), and what a child of
-``os.fork()`` resets (``fork``, ``inherited``). Importing this package
-imports none of them."""
+"""The machinery the fixes share, importing nothing above it: the one table of targets
+(``targets``), activation (``lifecycle``, ``hooks``), settings (``config``), what is installed
+(``detect``), ``status``, the wait watch (``monitor``), NVRx's callers and workers as the
+package sees them (``workers``), clean-up, release and prewarm (``cleanup``, ``release``,
+``prewarming``), what runs in NVRx's worker (``worker``), errors, logging, the Ray hook
+(``ray``), and what a child of ``os.fork()`` resets (``fork``, ``inherited``). Importing this
+package imports none of them."""
+
+__version__ = "0.1.0"

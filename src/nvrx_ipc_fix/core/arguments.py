@@ -3,6 +3,8 @@ must not guess positions: Megatron's and Bridge's signatures differ)."""
 
 import inspect
 
+from . import state as _state
+
 _signatures = {}  # (function, bound?) -> signature: never a bound method, which holds its object
 
 
@@ -15,3 +17,6 @@ def flags(wrapped, args, kwargs, *names):
     bound = sig.bind(*args, **kwargs)
     bound.apply_defaults()
     return tuple(bool(bound.arguments.get(name)) for name in names)
+
+
+_state.on_reset(_signatures.clear)

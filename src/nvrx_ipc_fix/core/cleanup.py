@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from . import state as _state
 from .detect import writer_class
 from .log import logger
 
@@ -21,6 +22,8 @@ GIB = float(1 << 30)
 CACHE_ATTRS = ("_cached_identifiers", "_cached_tensor_data_ptrs")
 
 _busy = threading.local()
+#: Called whenever the caches are emptied: whoever keeps records of what was sent drops them.
+on_forget = []
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,8 @@ def forget_keys() -> None:
             cache = getattr(writer, name, None)
             if cache:
                 cache.clear()
-    guard = sys.modules.get("nvrx_ipc_fix.fixes.stale_guard")  # its records, if it ran
-    if guard is not None:
-        guard.forget_all()
+    for forget in on_forget:  # records kept of what was sent (stale_guard's)
+        forget()
 
 
 def clear_trainer_caches(reason: str, free_before: int | None = None,
@@ -129,3 +131,11 @@ def _clear(reason: str, free_before: int | None, keys: int | None) -> Cleanup:
         done.seconds,
     )
     return done
+
+
+@_state.on_reset
+def _reset():
+    global totals
+    totals = Totals()
+    for forget in on_forget:
+        forget()

@@ -13,6 +13,8 @@ checks each, and turns these warnings off (``quiet()``).
 
 import os
 
+from . import state as _state
+
 #: ``1``/``true``/``yes``/``on`` turns the package off; a comma list of fix names
 #: (``clear_on_close,stale_guard``) turns off only those fixes. Any other value turns the
 #: whole package off too (with a warning): a kill switch errs on the side of off.
@@ -422,3 +424,16 @@ def pin_ahead():
 def prewarm_at_start():
     """Does a persistent queue start its worker when it is created (``NVRX_IPC_FIX_PREWARM``)?"""
     return _read(PREWARM, _parse_prewarm)
+
+
+@_state.on_reset
+def _reset():
+    global _handler, _held_hooked, _quiet
+    if _handler is not None:
+        from .log import logger
+
+        logger.removeHandler(_handler)
+        logger.setLevel("NOTSET")
+    _handler, _held_hooked, _quiet = None, False, False
+    _warned.clear()
+    _held.clear()

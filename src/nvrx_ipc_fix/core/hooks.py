@@ -9,6 +9,8 @@ if the module is already imported; a failing hook never breaks the import.
 
 import sys
 
+from . import state as _state
+
 _hooks = {}  # module name -> [callable(module)]
 _searching = set()  # names whose spec this finder is looking up (re-entry guard)
 
@@ -101,3 +103,11 @@ class _Loader:
 
 
 _FINDER = _Finder()
+
+
+@_state.on_reset
+def _reset():
+    _hooks.clear()
+    _searching.clear()
+    while _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)

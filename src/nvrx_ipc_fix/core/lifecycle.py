@@ -20,7 +20,7 @@ import os
 import sys
 from _thread import RLock
 
-from . import config as _config, fork as _fork, hooks as _hooks
+from . import config as _config, fork as _fork, hooks as _hooks, state as _state
 from .detect import CORE
 from .targets import FIXES, MCORE_ASYNC, TARGETS
 
@@ -100,7 +100,7 @@ def deactivate():
     """Put back every original we wrapped and stop prewarmed workers no save has used.
     Idempotent. Returns ``status()``."""
     global _active
-    prewarm = sys.modules.get("nvrx_ipc_fix.fixes.prewarm")
+    prewarm = sys.modules.get("nvrx_ipc_fix.core.prewarming")
     if prewarm is not None:
         prewarm.stop_unused()
     with _lock:
@@ -109,6 +109,28 @@ def deactivate():
             _remove(target)
         _verdicts.clear()
     return status()
+
+
+def reset():
+    """``deactivate()``, then every record of the package in this process back to its value
+    at import (``core.state``): no activation, no hook, no verdict, no warning given, no
+    count, no record of a queue, caller or save. A later ``activate()`` is a first one. For
+    tests that run many cases in one interpreter; returns ``status()``."""
+    deactivate()
+    _state.reset_all()
+    return status()
+
+
+@_state.on_reset
+def _reset():
+    global _active, _source
+    with _lock:
+        _active, _source = False, None
+        _requested.clear()
+        _hooked.clear()
+        _verdicts.clear()
+        _seen_dists.clear()
+        _patches.clear()  # what deactivate left inert under another wrapper stays off
 
 
 def _remove(target):
@@ -331,7 +353,7 @@ def _redirect_aliases(original, wrapper, skip):
 
 def status():
     """A ``Status`` snapshot of this process. Imports nothing that is not imported yet."""
-    from .. import __version__
+    from . import __version__
     from . import cleanup as _cleanup, detect as _detect
     from .status import LOST, PRECEDENCE, FixStatus, State, Status, TargetStatus
 

@@ -6,7 +6,7 @@ Imported only when something is logged, so that activation does not import ``log
 import logging
 import threading
 
-from . import fork as _fork
+from . import fork as _fork, state as _state
 
 logger = logging.getLogger("nvrx_ipc_fix")
 logger.addHandler(logging.NullHandler())
@@ -48,3 +48,9 @@ def hook_failed(target, exc):
                f"behaves as without the fix for this call")
     warn_once(key, "%s", message)
     warn(message, key)
+
+
+@_state.on_reset
+def _reset():
+    _seen.clear()
+    errors.clear()

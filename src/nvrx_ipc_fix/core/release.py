@@ -1,4 +1,6 @@
-"""``release()``: drop the CUDA IPC mappings the NVRx checkpoint worker holds.
+"""Dropping the CUDA IPC mappings the NVRx checkpoint worker holds: what ``release()`` and
+``offloading()`` do (``features/release.py``), and the automatic release (fix
+``release_on_offload``).
 
 ``flush`` keeps the worker: it finalizes pending saves, runs ``_worker.drop_cache`` inside
 the worker through the worker's own request queue, then clears the trainer's caches and
@@ -20,14 +22,13 @@ import sys
 import threading
 import time
 import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from queue import Empty
 
-from . import cleanup as _cleanup, config as _config
-from .errors import STOP, add_note, annotate, deliver
-from ..fixes import prewarm as _prewarm
+from . import cleanup as _cleanup, config as _config, prewarming as _prewarm, state as _state
+from . import workers as _workers
 from .detect import CORE
+from .errors import STOP, add_note
 from .log import logger
 
 STRATEGIES = _config.STRATEGIES
@@ -70,10 +71,10 @@ def check_strategy(strategy):
     return name
 
 
-#: Set on a queue by ``fakecuda``: its worker runs in CPU-shm mode only to stay off CUDA,
-#: while its writers take the IPC path (shared memory standing in for CUDA IPC).
-STAND_IN = "_nvrx_ipc_fix_stand_in"
 _released_at = weakref.WeakKeyDictionary()  # queue -> its call_idx at the last release
+#: Queues in CPU-shm mode whose writers take the IPC path all the same (a stand-in for the
+#: device keeps its worker off CUDA that way: ``treat_as_ipc``).
+_ipc_anyway = weakref.WeakSet()
 _local = threading.local()
 
 
@@ -84,7 +85,12 @@ def releasing() -> bool:
 
 def holds_ipc(queue) -> bool:
     """Can this queue's worker hold CUDA IPC mappings (not CPU shared memory)?"""
-    return not getattr(queue, "cpu_shm_mode", False) or getattr(queue, STAND_IN, False)
+    return not getattr(queue, "cpu_shm_mode", False) or queue in _ipc_anyway
+
+
+def treat_as_ipc(queue):
+    """Release ``queue`` as one that holds IPC handles, although it is in CPU-shm mode."""
+    _ipc_anyway.add(queue)
 
 
 def has_live_worker(queue) -> bool:
@@ -96,35 +102,6 @@ def has_live_worker(queue) -> bool:
 def saved_since_release(queue) -> bool:
     """Has this queue scheduled a request since its last release (or ever)?"""
     return getattr(queue, "call_idx", -1) > _released_at.get(queue, -1)
-
-
-def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
-    """Free the GPU memory the NVRx worker holds through CUDA IPC; see the module doc.
-
-    ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
-    ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``), ``"terminate"`` or
-    ``"restart"`` (terminate; call ``prewarm()`` when the model is back, or use ``offloading``).
-    ``timeout``: seconds > 0 to wait for the worker (default
-    ``NVRX_IPC_FIX_RELEASE_TIMEOUT`` or 60; ``math.inf``: until it answers or dies); a
-    worker that does not answer is terminated and the report says so.
-    Arguments are checked before anything is touched. Interrupted at any step, it leaves
-    NVRx as usable as before: the next save succeeds (with a fresh worker, if needed).
-    """
-    report, failure = released(queue, *_arguments(queue, strategy, timeout))
-    if failure is not None:
-        raise failure
-    return report
-
-
-def _arguments(queue, strategy, timeout):
-    """``(strategy, timeout)`` checked and defaulted; ``queue`` checked."""
-    strategy = check_strategy(_config.strategy() if strategy is None else strategy)
-    timeout = (_config.release_timeout() if timeout is None
-               else _config.seconds(timeout, "timeout"))
-    if queue is not None and not callable(getattr(queue, "maybe_finalize_async_calls", None)):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
-    return strategy, timeout
 
 
 def released(queue, strategy, timeout):
@@ -157,10 +134,8 @@ def _finalize(queue):
     """Finalize ``queue``'s pending saves as its own finalize does (``no_dist`` as the last
     ``maybe_finalize_async_calls`` call on it, NVRx's default before any): no rank enters a
     collective here that its peers' own finalize would not. Returns the failure, if any."""
-    from ..fixes.worker_watch import finalize_no_dist
-
     try:
-        queue.maybe_finalize_async_calls(blocking=True, no_dist=finalize_no_dist(queue))
+        queue.maybe_finalize_async_calls(blocking=True, no_dist=_workers.finalize_no_dist(queue))
     except STOP:
         raise
     except BaseException as failure:  # torch's CheckpointException is a BaseException
@@ -256,29 +231,25 @@ def run_in_worker(queue, function, args, timeout):
     an interrupt here), the worker's state is unknown and a late answer could be taken for
     a save's: the worker is aborted (or, dead, let go) and the next save starts a fresh one.
     """
-    from ..fixes.worker_watch import SENTINEL, abandon, forget_caller, process_of
-
     caller = queue.persistent_caller
     core = sys.modules[type(caller).__module__]
     answered = False
     try:
-        caller.queue.put(core.AsyncRequest(function, tuple(args), [], call_idx=SENTINEL))
-        error, answered = _answer(caller, process_of(caller), timeout)
+        caller.queue.put(core.AsyncRequest(function, tuple(args), [], call_idx=_workers.SENTINEL))
+        error, answered = _answer(caller, _workers.process_of(caller), timeout)
         return error
     finally:
         if not answered:
-            process = process_of(caller)
+            process = _workers.process_of(caller)
             if process is not None and process.is_alive():
                 queue.close(abort=True)
             else:
-                abandon(caller)
-                forget_caller(queue, caller)
+                _workers.abandon(caller)
+                _workers.forget_caller(queue, caller)
 
 
 def _answer(caller, process, timeout):
     """Wait for the worker's answer to our request: ``(error or None, answered)``."""
-    from ..fixes.worker_watch import SENTINEL, describe_exit
-
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -288,29 +259,14 @@ def _answer(caller, process, timeout):
             done = caller.comp_q.get(timeout=min(left, 0.2))
         except Empty:
             if process is not None and process.exitcode is not None:
-                return f"the worker died ({describe_exit(process.exitcode)})", False
+                return f"the worker died ({_workers.describe_exit(process.exitcode)})", False
             continue
-        if done == SENTINEL:
+        if done == _workers.SENTINEL:
             return None, True
         return f"the worker answered {done!r} instead of our request", False
 
 
-@contextmanager
-def offloading(queue=None, *, strategy=None, timeout=None):
-    """``with offloading():`` releases first, for code that moves model or optimizer storage;
-    with ``restart``, the block's normal exit starts the next worker (``prewarm``). A failed
-    checkpoint that the release finalized is raised when the block has run."""
-    strategy, timeout = _arguments(queue, strategy, timeout)
-    report, failure = released(queue, strategy, timeout)
-
-    def after():
-        if strategy == "restart":
-            _prewarm.prewarm(queue)
-
-    try:
-        yield report
-    except BaseException as exc:
-        if failure is not None:
-            annotate(exc, failure)
-        raise
-    deliver(failure, after)
+@_state.on_reset
+def _reset():
+    global _released_at, _ipc_anyway
+    _released_at, _ipc_anyway = weakref.WeakKeyDictionary(), weakref.WeakSet()

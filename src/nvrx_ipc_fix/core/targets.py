@@ -92,7 +92,7 @@ def persistent_worker(module):
     if _upstream_error(module):  # Megatron-LM PR #6971
         return "fixed_upstream", ("this version raises its own PersistentAsyncWorkerError for "
                                   "a dead worker (Megatron-LM PR #6971)")
-    from ..fixes.worker_watch import queue_names
+    from .workers import queue_names
 
     if queue_names(caller) is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
@@ -118,7 +118,7 @@ def warm_up(module):
             or "_start_worker" not in vars(caller)):
         return "not_applicable", ("this NVRx starts its worker only inside a save (no "
                                   "AsyncCallsQueue.warmup_persistent_caller)")
-    from ..fixes.worker_watch import queue_names
+    from .workers import queue_names
 
     if queue_names(caller) != ("queue", "preload_q", "comp_q"):
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"

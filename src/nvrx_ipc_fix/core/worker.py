@@ -13,7 +13,15 @@ import os
 import sys
 import tempfile
 
-CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+from . import state as _state
+from .detect import CORE, FS
+
+#: What a prewarmed worker imports before it says it is ready: what a save's request makes
+#: it unpickle (NVRx's writer). A stand-in for the device adds its tensor class's module.
+WORKER_IMPORTS = [FS]
+#: Where there is no CUDA, what a stand-in for the device gives for pinned host memory
+#: (``size`` -> a tensor); ``None``: nothing can be pinned ahead.
+pin_without_cuda = None
 #: What a worker leaves for the trainer: ``traceback`` (its last uncaught exception) and
 #: ``pinned`` (what ``warm_up`` pinned ahead).
 WORKER_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.{kind}"
@@ -97,17 +105,16 @@ def pin_host(sizes):
     """Pin host blocks of these byte sizes and free them into torch's caching host allocator,
     where the first save's ``.to("cpu", non_blocking=True)`` copies find them (it rounds
     each request as it rounded these). Returns ``(bytes pinned, error or None)``; never
-    raises. Without CUDA, ``fakecuda``'s stand-in allocates (plain memory)."""
+    raises. Without CUDA, ``pin_without_cuda`` allocates, if a stand-in set it."""
     import torch
 
     if torch.cuda.is_available():
         def allocate(size):
             return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    elif pin_without_cuda is not None:
+        allocate = pin_without_cuda
     else:
-        fake = sys.modules.get("nvrx_ipc_fix.testing.fakecuda")
-        if fake is None:
-            return 0, "no CUDA device in the worker"
-        allocate = fake.pinned
+        return 0, "no CUDA device in the worker"
     blocks = []
     try:
         for size in sizes:
@@ -129,3 +136,8 @@ def describe_cache(path):
                for line in maps if "/dev/shm/" in line or "torch_" in line}
     with open(path, "w") as out:
         json.dump({"pid": os.getpid(), "keys": sorted(cache), "shm_segments": len(shm)}, out)
+
+
+@_state.on_reset
+def _reset():
+    WORKER_IMPORTS[:] = [FS]

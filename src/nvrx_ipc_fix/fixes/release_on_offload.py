@@ -85,9 +85,9 @@ def _after(wrapped, instance):
     """With ``restart``: the model is back, start the next worker (``prewarm``)."""
     try:
         if _config.release_policy() != "never" and _config.auto_strategy() == "restart":
-            from .prewarm import prewarm
+            from ..core.prewarming import start
 
-            prewarm()
+            start()
     except Exception as exc:
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
 
@@ -97,7 +97,7 @@ def release_if_needed(strategy=None):
     saves pending (they are finalized first, so that a failed one is the call's error while
     the call still does its work); with ``restart`` also when such a queue has any worker,
     or one waits for its first save. Returns the failed checkpoint the release met, if any."""
-    from .prewarm import idle
+    from ..core.prewarming import idle
     from ..core.release import has_live_worker, holds_ipc, released, saved_since_release
 
     queues = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)  # None while importing

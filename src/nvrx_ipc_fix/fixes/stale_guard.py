@@ -19,6 +19,7 @@ from __future__ import annotations
 import sys
 import weakref
 
+from ..core.cleanup import on_forget
 from ..core.detect import FS
 from ..core.log import hook_failed
 
@@ -32,6 +33,9 @@ _sent: dict[str, tuple] = {}
 def forget_all() -> None:
     """Drop every record (the caches were cleared, the next save sends everything)."""
     _sent.clear()
+
+
+on_forget.append(forget_all)
 
 
 def prepare_write_data_wrapper(wrapped, instance, args, kwargs):

@@ -22,39 +22,33 @@ into the worker is touched):
   waits for them all), then raises one error naming every save that was not saved.
 * ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
   dies during the close ends the wait.
+* ``AsyncCallsQueue.close``: when the finalize it starts with raises a failed checkpoint
+  and leaves nothing pending, the close is still done, then the failure is raised.
 * ``PersistentAsyncCaller.async_process_target`` (NVRx 0.5.0+, in the worker only, where it
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
 
-When a worker is found dead, the completions it sent are read, its queues closed, the
-queue forgets the caller (the next save spawns a fresh worker; megatron-core's class-level
-worker state is reset) and the trainer-side caches are cleared (it sends full tensors).
-At exit, workers nobody closed are told to stop (``at_exit``), so no exit waits on one.
-Nothing here waits or talks to other ranks while the interpreter shuts down.
+When a worker is found dead, it is let go (``core.workers.abandon``: the completions it sent
+are read, its queues closed, the trainer-side caches cleared, so the next save sends full
+tensors) and the queue forgets the caller (the next save spawns a fresh worker;
+megatron-core's class-level worker state is reset). Nothing here waits or talks to other
+ranks while the interpreter shuts down.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import os
 import sys
-import weakref
 from functools import partial
 from queue import Empty
 
-from ..core import cleanup as _cleanup, fork as _fork, inherited as _inherited
-from ..core import monitor as _monitor, worker as _worker
+from ..core import monitor as _monitor, worker as _worker, workers as _workers
 from ..core.arguments import flags
-from ..core.detect import CORE
 from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
 from ..core.log import hook_failed, logger
 
 #: Added to NVRx's "still writing" count by a rank whose worker failed; the all-reduced sum
 #: then tells every rank (up to 2047 failed ranks decode exactly; more still read as failed).
 FAILED = 1 << 20
-#: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
-SENTINEL = -7331
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
 FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
                  "checkpoints in different orders (maybe_finalize_async_save must run on "
@@ -63,121 +57,6 @@ RELEASE_HINT = ("another rank has not reached it. This all-reduce runs inside "
                 "nvrx_ipc_fix.release(), which finalizes pending saves: call release() on "
                 "every rank, in the same order.")
 
-
-class _CallerState:
-    """What the watch knows about one persistent caller."""
-
-    __slots__ = ("outstanding", "failed", "completed", "death", "__weakref__")
-
-    def __init__(self):
-        self.outstanding = collections.deque()  # call_idx scheduled on it, not yet finalized
-        self.failed = {}  # call_idx -> CheckpointWorkerError: failed before its finalize
-        self.completed = set()  # call_idx a dead worker had completed (read from its comp_q)
-        self.death = None  # _Death of its worker: what that had not completed is lost
-
-
-class _Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback")):
-    """How a caller's worker died (no exception object: a raised one's frames would hold
-    the caller, and with it the dead worker's queues and semaphores, for ever)."""
-
-
-_callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the callers at_exit stops
-#: Callers whose worker was let go. megatron-core keeps its worker and queues on the class:
-#: no other caller may reach them through the class (a closed caller's ``__del__`` closes
-#: "its" worker whenever the garbage collector runs).
-_abandoned = weakref.WeakSet()
-_exit_pid = None  # the process that registered at_exit (a forked child must not run it)
-_no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize call
-
-
-def _forget_the_parent():
-    """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
-    (``core.inherited``, which finds the others), and the watch keeps no record of them."""
-    global _callers, _abandoned
-    _inherited.forget(list(_callers))
-    _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
-
-
-_fork.in_child(_forget_the_parent, f"{CORE}:PersistentAsyncCaller.close")
-
-
-def _state(caller):
-    global _exit_pid
-    state = _callers.get(caller)
-    if state is None:
-        state = _callers[caller] = _CallerState()
-        if _exit_pid != os.getpid():
-            _exit_pid = os.getpid()
-            atexit.register(at_exit)
-    return state
-
-
-def at_exit():
-    """At interpreter exit, before multiprocessing joins its non-daemonic children (NVRx
-    0.4.1 and 0.5.0 workers: the exit would wait on them for ever) and terminates the
-    daemonic ones: ask every worker nobody closed to stop after its current request, and
-    forget it, so NVRx's own close from ``__del__`` later has nothing to wait on. Nothing
-    is finalized (that would take collectives)."""
-    if _exit_pid != os.getpid():
-        return
-    for caller, state in list(_callers.items()):
-        process = _monitor.started_process(process_of(caller))
-        if process is None or state.death is not None:
-            continue
-        try:
-            if process.exitcode is None:
-                queues_of(caller)[0].put("DONE")
-        except Exception:
-            pass
-        forget_process(caller, process)
-
-
-# -- the two implementations: NVRx's caller and megatron-core's ----------------------------
-
-def caller_of(queue):
-    """The queue's persistent caller (NVRx: per queue; megatron-core: per process)."""
-    return getattr(queue, "persistent_caller", None) or getattr(queue, "_persistent_caller",
-                                                                 None)
-
-
-def process_of(caller):
-    """The caller's worker process (None for one whose worker was let go)."""
-    if caller is None or caller in _abandoned:
-        return None
-    return getattr(caller, "process", None)
-
-
-def queues_of(caller):
-    """``(request queue, preload queue, completion queue)`` of the caller (None for a caller
-    whose worker was let go)."""
-    if caller is None or caller in _abandoned:
-        return None, None, None
-    if hasattr(caller, "preload_q"):
-        return caller.queue, caller.preload_q, caller.comp_q
-    cls = type(caller)  # megatron-core: on the class, while its worker is this caller's
-    if caller.process is None or getattr(cls, "_persistent_process", None) is not caller.process:
-        return None, None, None
-    return cls._persistent_queue, cls._persistent_preload_q, cls._persistent_comp_q
-
-
-def queue_names(caller_class):
-    """The caller's queue attributes, or None if this caller keeps them elsewhere."""
-    init = getattr(caller_class, "__init__", None)
-    names = getattr(getattr(init, "__code__", None), "co_names", ())
-    if {"queue", "preload_q", "comp_q", "process"} <= set(names):
-        return "queue", "preload_q", "comp_q"
-    mcore = ("_persistent_queue", "_persistent_preload_q", "_persistent_comp_q")
-    if all(hasattr(caller_class, name) for name in mcore):
-        return mcore
-    return None
-
-
-def _dead(process):
-    process = _monitor.started_process(process)
-    return process is not None and process.exitcode is not None
-
-
-# -- wrappers -------------------------------------------------------------------------------
 
 def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCallsQueue.schedule_async_request``: watch the preload handshake; a
@@ -188,12 +67,12 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         return wrapped(*args, **kwargs)
     target = _target(wrapped)
     try:  # reads only
-        caller, save = caller_of(queue), queue.call_idx + 1
+        caller, save = _workers.caller_of(queue), queue.call_idx + 1
         request = args[0] if args else kwargs["async_request"]
-        process = process_of(caller)
+        process = _workers.process_of(caller)
         entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
         sent = _reporting(request)
-        dead = _dead(process)
+        dead = _workers.dead(process)
     except Exception as exc:
         hook_failed(target, exc)
         return wrapped(*args, **kwargs)
@@ -205,14 +84,14 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             hook_failed(target, exc)
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
-        _release_join(queues_of(caller_of(queue))[1])
+        _workers.release_join(_workers.queues_of(_workers.caller_of(queue))[1])
 
     with _monitor.watching(f"the preload handshake of save #{save}",
-                           lambda: process_of(caller_of(queue)), unblock) as wait:
+                           lambda: _workers.process_of(_workers.caller_of(queue)), unblock) as wait:
         try:
             result = wrapped(sent)
         except BaseException as exc:  # an interrupt, say: the other ranks must still learn
-            caller = caller_of(queue)
+            caller = _workers.caller_of(queue)
             if queue.call_idx == save and not _appended(queue, save) and caller is not None:
                 error = CheckpointWorkerError(
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
@@ -221,11 +100,11 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
     try:
-        caller = queue.async_calls[-1][1] if _appended(queue, save) else caller_of(queue)
+        caller = queue.async_calls[-1][1] if _appended(queue, save) else _workers.caller_of(queue)
         if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
-            return _died_before(queue, entry(save, caller, request), process_of(caller),
+            return _died_before(queue, entry(save, caller, request), _workers.process_of(caller),
                                 "during the preload handshake", wait.exitcode)
-        _state(caller).outstanding.append(save)
+        _workers.state(caller).outstanding.append(save)
     except Exception as exc:  # the finalize still meets a dead worker (done_wrapper)
         hook_failed(target, exc)
     return result
@@ -249,7 +128,7 @@ def _died_before(queue, entry, process, when, exitcode=None):
     fresh one, and schedule the save as failed."""
     save, caller, _ = entry
     error = _own_failure(caller, save, process, when, exitcode)
-    forget_caller(queue, caller)
+    _workers.forget_caller(queue, caller)
     return _scheduled_failed(queue, entry, error)
 
 
@@ -257,7 +136,7 @@ def _scheduled_failed(queue, entry, error):
     """Count ``entry``'s save as scheduled (as the other ranks do) but failed: its finalize
     raises ``error``. The queue's count changes last (one entry, replaced or appended)."""
     save, caller, _ = entry
-    state = _state(caller)
+    state = _workers.state(caller)
     state.outstanding.append(save)
     state.failed[save] = error
     if _appended(queue, save):
@@ -282,7 +161,7 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         return wrapped(*args, **kwargs)
     try:
         blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
-        _no_dist[queue] = no_dist
+        _workers.finalized_with(queue, no_dist)
     except Exception as exc:
         hook_failed(_target(wrapped), exc)
         blocking = False
@@ -298,9 +177,9 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                 raise
             _, caller, _ = calls.popleft()  # never finalized
             failures.append((error.save, error))
-            state = _callers.get(caller)
+            state = _workers.known(caller)
             if state is not None and state.death is not None:  # the next save starts afresh
-                forget_caller(queue, caller)
+                _workers.forget_caller(queue, caller)
         except STOP as stop:
             _note(stop, failures)
             raise
@@ -315,12 +194,6 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     if failures:
         raise _summary(failures, finalized)
     return finalized
-
-
-def finalize_no_dist(queue):
-    """``no_dist`` of the last ``maybe_finalize_async_calls`` on ``queue`` (before any:
-    NVRx's default, False): how a finalize the package makes for the user runs."""
-    return _no_dist.get(queue, False)
 
 
 def queue_close_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
@@ -374,7 +247,7 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
     blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
-    state = _state(caller)
+    state = _workers.state(caller)
     save = state.outstanding[0] if state.outstanding else None
     error = state.failed.get(save)
     if error is None and caller.cur_item is None:
@@ -383,10 +256,10 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
                 caller.cur_item = save
             else:
                 error = _lost(save, state.death)
-        elif process_of(caller) is not None:
+        elif _workers.process_of(caller) is not None:
             caller.cur_item, error = _completion(caller, save, blocking)
     alive = (caller.cur_item is None and error is None and state.death is None
-             and process_of(caller) is not None)
+             and _workers.process_of(caller) is not None)
     if no_dist:
         if error is not None:
             _consume(caller, state, save)
@@ -420,16 +293,16 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
         if getattr(caller, "process", None) is None:
             return None  # nothing to close (a worker we let go)
         return wrapped(*args, **kwargs)
-    process = process_of(caller)
-    if _dead(process):
+    process = _workers.process_of(caller)
+    if _workers.dead(process):
         if process.exitcode != 0:
             logger.error("rank %s: the checkpoint worker (pid %s) had died (%s) before it was "
-                         "closed", _monitor.rank(), process.pid, describe_exit(process.exitcode))
-        abandon(caller)
+                         "closed", _monitor.rank(), process.pid, _workers.describe_exit(process.exitcode))
+        _workers.abandon(caller)
         return None
 
     def unblock():
-        _release_join(queues_of(caller)[0])
+        _workers.release_join(_workers.queues_of(caller)[0])
 
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock):
         return wrapped(*args, **kwargs)
@@ -463,7 +336,7 @@ def _lost(save, death):
 def _worker_error(save, pid, exitcode, when, worker_traceback):
     return CheckpointWorkerError(
         f"rank {_monitor.rank()}: save #{save} failed: the checkpoint worker (pid {pid}) died "
-        f"{when} ({describe_exit(exitcode)}). The save was not finalized; the next save "
+        f"{when} ({_workers.describe_exit(exitcode)}). The save was not finalized; the next save "
         "starts a fresh worker and sends full tensors."
         + (f"\nThe worker's traceback:\n{worker_traceback}" if worker_traceback else
            "\nThe worker's own output, if any, is on this rank's stderr."),
@@ -471,65 +344,12 @@ def _worker_error(save, pid, exitcode, when, worker_traceback):
         worker_traceback=worker_traceback)
 
 
-def abandon(caller):
-    """Let a dead worker go: keep the completions it sent, close its queues (no feeder
-    thread may hold up the exit, nor their semaphores outlive them), reap it, and clear
-    what the trainer believed it cached."""
-    process = process_of(caller)
-    comp_q = queues_of(caller)[2]
-    completed = _callers[caller].completed if caller in _callers else set()
-    while comp_q is not None:
-        try:
-            item = comp_q.get_nowait()
-        except (Empty, OSError, ValueError, EOFError):
-            break
-        if isinstance(item, int) and item != SENTINEL:
-            completed.add(item)
-    for q in queues_of(caller):
-        if q is not None:
-            try:
-                q.cancel_join_thread()
-                q.close()
-            except Exception:
-                pass
-    if _monitor.started_process(process) is not None:
-        try:
-            process.join(1.0)
-        except Exception:
-            pass
-    forget_process(caller, process)
-    if _cleanup.cached_key_count():
-        _cleanup.clear_trainer_caches("the checkpoint worker failed")
-
-
-def forget_process(caller, process):
-    """The caller no longer has a worker (its close does nothing)."""
-    _abandoned.add(caller)
-    cls = type(caller)
-    if process is not None and getattr(cls, "_persistent_process", None) is process:
-        cls._persistent_process = cls._persistent_queue = None  # megatron-core: on the class
-        cls._persistent_preload_q = cls._persistent_comp_q = None
-    try:
-        caller.process = None
-    except Exception:
-        pass
-
-
-def forget_caller(queue, caller):
-    """The queue starts a fresh caller (and worker) at its next save."""
-    if "persistent_caller" in vars(queue) and queue.persistent_caller is caller:
-        queue.persistent_caller = None
-    for cls in type(queue).__mro__:  # megatron-core: one caller per process, on the class
-        if vars(cls).get("_persistent_caller") is caller:
-            cls._persistent_caller = None
-
-
 def _completion(caller, save, blocking):
     """The completion of ``save`` from the worker, or ``(None, None)`` if not there yet, or
     ``(None, error)`` if the worker died without sending it. Older completions and
     ``release()``'s answers are dropped."""
-    comp_q = queues_of(caller)[2]
-    process = process_of(caller)
+    comp_q = _workers.queues_of(caller)[2]
+    process = _workers.process_of(caller)
 
     def take(timeout):
         while True:
@@ -537,7 +357,7 @@ def _completion(caller, save, blocking):
                 item = comp_q.get(timeout=timeout) if timeout else comp_q.get_nowait()
             except Empty:
                 return None
-            if item == SENTINEL or (save is not None and isinstance(item, int) and item < save):
+            if item == _workers.SENTINEL or (save is not None and isinstance(item, int) and item < save):
                 continue  # not this save's
             return item
 
@@ -547,7 +367,7 @@ def _completion(caller, save, blocking):
 
     item = take(0)
     if item is not None or not blocking:
-        if item is None and _dead(process):
+        if item is None and _workers.dead(process):
             return died()
         return item, None
     with _monitor.watching(f"the finalize of save #{save} (waiting for the worker)",
@@ -556,19 +376,19 @@ def _completion(caller, save, blocking):
             item = take(0.2)
             if item is not None:
                 return item, None
-            if _dead(process):
+            if _workers.dead(process):
                 return died()
 
 
 def _own_failure(caller, save, process, when="while writing it", exitcode=None):
     """The error for this rank's dead worker, kept as its caller's ``death``; the worker is
-    let go (``abandon``)."""
+    let go (``_workers.abandon``)."""
     pid = getattr(process, "pid", None)
     if exitcode is None and process is not None:
         exitcode = _monitor.exitcode(process, settle=0.5)
-    death = _Death(save, pid, exitcode, _worker.read_traceback(pid))
-    _state(caller).death = death
-    abandon(caller)
+    death = _workers.Death(save, pid, exitcode, _worker.read_traceback(pid))
+    _workers.state(caller).death = death
+    _workers.abandon(caller)
     return _worker_error(save, pid, exitcode, when, death.worker_traceback)
 
 
@@ -604,30 +424,3 @@ def _failed_ranks(failed):
         return (mine,) if mine is not None else ()
 
 
-def _release_join(joinable):
-    """End ``joinable.join()`` in this process: count its unfinished tasks down to zero."""
-    if joinable is None:
-        return
-    cond, unfinished = joinable._cond, joinable._unfinished_tasks
-    if not cond.acquire(timeout=2.0):  # the dead worker died holding it
-        raise RuntimeError("the queue's lock is held by the dead worker")
-    try:
-        while unfinished.acquire(False):
-            pass
-        cond.notify_all()
-    finally:
-        cond.release()
-
-
-def describe_exit(code):
-    """multiprocessing's exit code in words."""
-    if code is None or code == -1:
-        return "exit status unknown"
-    if code < 0:
-        import signal
-
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}" + (": an uncaught exception" if code == 1 else "")

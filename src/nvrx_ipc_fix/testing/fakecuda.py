@@ -13,8 +13,10 @@ This is the only fake in the tests and the demo, and it fakes only the device:
 * Loading a checkpoint the worker wrote needs ``FakeCudaTensor`` among torch's safe globals.
 * megatron-core's worker sets a CUDA device before anything else: ``install(forked_worker=True)``
   makes that harmless in a worker forked from the trainer (the scenario forks it there).
-* A prewarmed worker pins host memory ahead of its first save (``_worker.pin_host``);
-  page-locked memory is the CUDA driver's, so here ``pinned`` stands in with plain memory.
+* A prewarmed worker imports this module before it is ready (``install`` adds it to
+  ``core.worker.WORKER_IMPORTS``) and pins host memory ahead of its first save
+  (``core.worker.pin_host``); page-locked memory is the CUDA driver's, so here ``pinned``
+  stands in with plain memory (``core.worker.pin_without_cuda``).
 * NVRx 0.4.1 and 0.5.0 call ``torch.cuda.synchronize()`` in the worker after every copy,
   and NeMo RL's cleanup calls ``torch.cuda.ipc_collect()``; without CUDA there is nothing
   to wait for or collect, so importing this module (the worker does, to unpickle the
@@ -22,12 +24,14 @@ This is the only fake in the tests and the demo, and it fakes only the device:
 
 The worker must use ``AsyncCallsQueue(cpu_shm_mode=True)`` where that exists, so that it
 does not initialise CUDA; the writer still takes the GPU IPC path, and ``mark_queue``
-tells ``release()`` so (it leaves real CPU-shm queues alone).
+tells ``release()`` so (``core.release.treat_as_ipc``; it leaves real CPU-shm queues alone).
 """
 
 import os
 
 import torch
+
+from ..core import worker as _worker
 
 _trainer_pid = None
 
@@ -55,6 +59,8 @@ def install(forked_worker=False):
     both harmless (one "device", setting it does nothing)."""
     global _trainer_pid
     _trainer_pid = os.getpid()
+    if __name__ not in _worker.WORKER_IMPORTS:  # a prewarmed worker unpickles its tensors
+        _worker.WORKER_IMPORTS.append(__name__)
     torch.cuda.current_device = lambda: "cpu"
     torch.serialization.add_safe_globals([FakeCudaTensor])
     if forked_worker:
@@ -67,13 +73,18 @@ def pinned(size):
     return torch.empty(size, dtype=torch.uint8)
 
 
+if not torch.cuda.is_available():
+    _worker.pin_without_cuda = pinned
+
+
 def on_fake_device(tensor):
     """``tensor`` (a CPU tensor) as a ``FakeCudaTensor`` sharing its storage."""
     return tensor.as_subclass(FakeCudaTensor)
 
 
 def mark_queue(queue):
-    """Tag ``queue``: its CPU-shm flag only keeps CUDA out of the worker (see module doc)."""
-    from ..core.release import STAND_IN
+    """``queue``'s CPU-shm flag only keeps CUDA out of the worker (see module doc): release
+    it as a queue that holds IPC handles."""
+    from ..core.release import treat_as_ipc
 
-    setattr(queue, STAND_IN, True)
+    treat_as_ipc(queue)

@@ -26,11 +26,14 @@ handed over then finalizes, as a training loop does, so the failure reaches the 
 saves), ``fork-exit`` (``os.fork()`` a child that exits at once with ``sys.exit(0)``; its exit
 code, how long its exit took, its stderr, and whether it hung), ``fork-close-exit`` (the same
 child closes the queue it inherited first, as NVRx's ``__del__`` does when the queue is
-collected) and ``sleep<seconds>``. Any step but a fault, written ``<step>@<rank>``, runs on
-that rank only; written ``<step>?``, it may raise (a call the package finalizes in), and
-``calls`` reports what it raised. A fault step, and a ``finalize`` step that raises, reports what was raised,
-by which call, which saves the error names as not saved, what is still pending after
-it, and what one more finalize then raises (nothing, by the protocol).
+collected) and ``sleep<seconds>``. A fault step, and a ``finalize`` step that raises, reports
+what was raised, by which call, which saves the error names as not saved, what is still
+pending after it, and what one more finalize then raises (nothing, by the protocol). Any step
+but a fault, written ``<step>@<rank>``, runs on that rank only; written ``<step>?``, it may
+raise (a call the package finalizes in), and ``calls`` reports what it raised; written
+``<step>#<name>``, its entry in the report (a save, a fault, a call...) is also
+``report["named"][name]``, for tests that read it by name. The steps are registered in
+``STEPS`` and ``PREFIXED``; a test adds its own to ``EXTRA_STEPS``.
 ``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue`` (persistent worker) instead.
 ``--finalize poll`` finalizes as a training loop does (``blocking=False`` every 50 ms until
 nothing is pending) instead of one ``blocking=True`` call; ``--no-dist`` passes
@@ -268,7 +271,7 @@ class Trainer:
     def worker(self):
         """The worker process that takes the next save, if any: the queue's, else the one
         NVRx's warm-up slot holds for it."""
-        from ..fixes.worker_watch import caller_of, process_of
+        from ..core.workers import caller_of, process_of
 
         caller = caller_of(self.queue)
         if caller is None and self.impl == "nvrx":
@@ -412,12 +415,13 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
     report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
               "nvrx": status.nvrx_version, "source": status.source, "fix": _fix_states(),
               "steps": list(steps), "rank": rank, "impl": impl, "finalize": finalize,
-              "no_dist": no_dist, "saves": [], "hang": None, "log": []}
+              "no_dist": no_dist, "saves": [], "named": {}, "hang": None, "log": []}
     _capture_log(report["log"])
     trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
                       no_dist, starts)
     watchdog = _Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
+        step, _, label = step.partition("#")
         name, _, only = step.partition("@")
         if only and not name.startswith("fault-"):  # a fault step sees every rank
             if int(only) != rank:
@@ -425,7 +429,9 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             step = name
         watchdog.begin(index)
         try:
-            _step(trainer, report, index, step, n_tensors, rank)
+            entry = _step(trainer, report, index, step, n_tensors, rank)
+            if label:
+                report["named"][label] = {"step": index} if entry is None else entry
         except BaseException:
             if HUNG.is_set():  # reported; a peer's exit broke the collective
                 threading.Event().wait()  # the watchdog ends the process
@@ -465,64 +471,130 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
 
 
 def _step(trainer, report, index, step, n_tensors, rank):
-    """Run one step (see the module doc)."""
+    """Run one step (see the module doc): ``<step>?`` reports what it raised (``_call``);
+    else the registered step (``STEPS``, ``PREFIXED``, ``EXTRA_STEPS``), whose entry, if it
+    makes one, goes to its list in the report. Returns that entry (None: it makes none)."""
     if step.endswith("?"):
-        report.setdefault("calls", []).append(_call(trainer, report, index, step[:-1], n_tensors,
-                                                    rank))
-    elif step in ("save", "save-async"):
-        blocked, total, path, version = trainer.save(wait=step == "save")
-        report["saves"].append({"step": index, "blocked_s": round(blocked, 4),
-                                "total_s": total and round(total, 4), "path": path,
-                                "version": version, "stale": None, "tensors": n_tensors,
-                                "worker_before": trainer.workers[0],
-                                "worker": trainer.workers[1]})
-    elif step.startswith("fault-"):
-        report.setdefault("faults", []).append(_fault(trainer, report, index, step, rank))
-    elif step == "finalize":
-        outcome = _finalize_step(trainer, report, index)
-        if outcome["error"] is not None:
-            report.setdefault("faults", []).append(outcome)
-    elif step in ("replace", "offload", "onload"):
-        getattr(trainer, step)()
-    elif step.startswith("sleep"):
-        time.sleep(float(step[len("sleep"):]))
-    elif step == "measure":
-        report.setdefault("measures", []).append(trainer.measure())
-    elif step == "close":
-        trainer.close()
-    elif step in ("activate", "deactivate"):
-        getattr(nvrx_ipc_fix, step)()
-    elif step in ("flush", "terminate", "restart"):
-        released = nvrx_ipc_fix.release(trainer.queue, strategy=step)
-        report.setdefault("releases", []).append(dataclasses.asdict(released))
-    elif step.startswith("offloading-"):
-        with nvrx_ipc_fix.offloading(trainer.queue, strategy=step[len("offloading-"):]) as released:
-            trainer.offload()
-            report.setdefault("measures", []).append(trainer.measure())
-            trainer.onload()
-        report.setdefault("releases", []).append(dataclasses.asdict(released))
-        report.setdefault("prewarms", []).append(_started(trainer))
-    elif step == "prewarm":
-        started = dataclasses.asdict(nvrx_ipc_fix.prewarm(trainer.queue))
-        report.setdefault("prewarms", []).append(dict(started, **_started(trainer)))
-    elif step == "ready":
-        report.setdefault("ready", []).append(_ready(trainer))
-    elif step == "resources":
-        report.setdefault("resources", []).append(resources())
-    elif step in ("fork-exit", "fork-close-exit"):
-        report.setdefault("fork_exits", []).append(_fork_exit(trainer, step == "fork-close-exit"))
-    elif step == "kill-worker":
-        trainer.kill_worker()
-    elif step == "stop-worker":
-        os.kill(trainer.worker().pid, signal.SIGSTOP)
-    elif step == "kill-worker-later":
-        threading.Timer(1.0, os.kill, (trainer.worker().pid, signal.SIGKILL)).start()
-    elif step == "probe":
-        report.setdefault("probes", []).append(trainer.probe())
-    elif step in EXTRA_STEPS:
-        EXTRA_STEPS[step](trainer)
-    else:
+        return _add(report, "calls", _call(trainer, report, index, step[:-1], n_tensors, rank))
+    if step in EXTRA_STEPS:
+        return EXTRA_STEPS[step](trainer)
+    found = STEPS.get(step) or next(
+        ((key, function) for prefix, (key, function) in PREFIXED.items()
+         if step.startswith(prefix) and step != prefix), None)
+    if found is None:
         raise ValueError(f"unknown step {step!r}")
+    key, function = found
+    entry = function(trainer, report, index, step)
+    return _add(report, key, entry) if key and entry is not None else entry
+
+
+def _add(report, key, entry):
+    report.setdefault(key, []).append(entry)
+    return entry
+
+
+#: Step name -> (the report's list its entry goes to, or None; function(trainer, report,
+#: index, step) -> the entry or None). ``PREFIXED``: the same for steps named by a prefix and
+#: an argument (``fault-kill``, ``sleep2``, ``offloading-flush``).
+STEPS, PREFIXED = {}, {}
+
+
+def step(*names, adds=None, prefix=False):
+    """Register the decorated function as the step(s) ``names`` (see ``STEPS``)."""
+    def register(function):
+        for name in names:
+            (PREFIXED if prefix else STEPS)[name] = (adds, function)
+        return function
+    return register
+
+
+@step("save", "save-async", adds="saves")
+def _save(trainer, report, index, name):
+    blocked, total, path, version = trainer.save(wait=name == "save")
+    return {"step": index, "blocked_s": round(blocked, 4), "total_s": total and round(total, 4),
+            "path": path, "version": version, "stale": None, "tensors": len(trainer.names),
+            "worker_before": trainer.workers[0], "worker": trainer.workers[1]}
+
+
+@step("fault-", adds="faults", prefix=True)
+def _fault_step(trainer, report, index, name):
+    return _fault(trainer, report, index, name, trainer.rank)
+
+
+@step("finalize", adds="faults")
+def _finalize(trainer, report, index, name):
+    outcome = _finalize_step(trainer, report, index)
+    return outcome if outcome["error"] is not None else None
+
+
+@step("replace", "offload", "onload", "close", "kill-worker")
+def _trainer_method(trainer, report, index, name):
+    getattr(trainer, name.replace("-", "_"))()
+
+
+@step("sleep", prefix=True)
+def _sleep(trainer, report, index, name):
+    time.sleep(float(name[len("sleep"):]))
+
+
+@step("measure", adds="measures")
+def _measure(trainer, report, index, name):
+    return trainer.measure()
+
+
+@step("activate", "deactivate")
+def _lifecycle(trainer, report, index, name):
+    getattr(nvrx_ipc_fix, name)()
+
+
+@step("flush", "terminate", "restart", adds="releases")
+def _release(trainer, report, index, name):
+    return dataclasses.asdict(nvrx_ipc_fix.release(trainer.queue, strategy=name))
+
+
+@step("offloading-", adds="releases", prefix=True)
+def _offloading(trainer, report, index, name):
+    with nvrx_ipc_fix.offloading(trainer.queue, strategy=name[len("offloading-"):]) as released:
+        trainer.offload()
+        _add(report, "measures", trainer.measure())
+        trainer.onload()
+    _add(report, "prewarms", _started(trainer))
+    return dataclasses.asdict(released)
+
+
+@step("prewarm", adds="prewarms")
+def _prewarm(trainer, report, index, name):
+    return dict(dataclasses.asdict(nvrx_ipc_fix.prewarm(trainer.queue)), **_started(trainer))
+
+
+@step("ready", adds="ready")
+def _ready_step(trainer, report, index, name):
+    return _ready(trainer)
+
+
+@step("resources", adds="resources")
+def _resources(trainer, report, index, name):
+    return resources()
+
+
+@step("fork-exit", "fork-close-exit", adds="fork_exits")
+def _fork_exit_step(trainer, report, index, name):
+    return _fork_exit(trainer, name == "fork-close-exit")
+
+
+@step("stop-worker")
+def _stop_worker(trainer, report, index, name):
+    os.kill(trainer.worker().pid, signal.SIGSTOP)
+
+
+@step("kill-worker-later")
+def _kill_worker_later(trainer, report, index, name):
+    threading.Timer(1.0, os.kill, (trainer.worker().pid, signal.SIGKILL)).start()
+
+
+@step("probe", adds="probes")
+def _probe(trainer, report, index, name):
+    return trainer.probe()
 
 
 def resources():
@@ -554,7 +626,7 @@ def _started(trainer):
 def _ready(trainer):
     """Wait for the prewarmed worker (the scenario's stand-in for the training between
     onload and save); how long it took to start, in the background."""
-    from ..fixes.prewarm import wait_ready
+    from ..core.prewarming import wait_ready
 
     began = time.monotonic()
     start = wait_ready(trainer.queue)

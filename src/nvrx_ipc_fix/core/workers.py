@@ -1,0 +1,240 @@
+"""What the package knows of NVRx's (and megatron-core's) persistent callers and their workers:
+how to reach a caller's worker and queues in either implementation, the watch's record of
+each caller (its outstanding and failed saves, how its worker died), how to let a dead
+worker go, and each queue's finalize mode. Shared by the worker watch, ``release()`` and
+prewarm; at exit, workers nobody closed are told to stop (``at_exit``); in a forked child the
+parent's are forgotten.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import weakref
+from queue import Empty
+
+from . import cleanup as _cleanup, fork as _fork, inherited, monitor as _monitor, state as _state
+from .detect import CORE
+
+#: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
+SENTINEL = -7331
+class _CallerState:
+    """What the watch knows about one persistent caller."""
+
+    __slots__ = ("outstanding", "failed", "completed", "death", "__weakref__")
+
+    def __init__(self):
+        self.outstanding = collections.deque()  # call_idx scheduled on it, not yet finalized
+        self.failed = {}  # call_idx -> CheckpointWorkerError: failed before its finalize
+        self.completed = set()  # call_idx a dead worker had completed (read from its comp_q)
+        self.death = None  # Death of its worker: what that had not completed is lost
+
+
+class Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback")):
+    """How a caller's worker died (no exception object: a raised one's frames would hold
+    the caller, and with it the dead worker's queues and semaphores, for ever)."""
+
+
+_callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the callers at_exit stops
+#: Callers whose worker was let go. megatron-core keeps its worker and queues on the class:
+#: no other caller may reach them through the class (a closed caller's ``__del__`` closes
+#: "its" worker whenever the garbage collector runs).
+_abandoned = weakref.WeakSet()
+_exit_pid = None  # the process that registered at_exit (a forked child must not run it)
+_no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize call
+
+
+def _forget_the_parent():
+    """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
+    (``core.inherited``, which finds the others), and the watch keeps no record of them."""
+    global _callers, _abandoned
+    inherited.forget(list(_callers))
+    _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
+
+
+_fork.in_child(_forget_the_parent, f"{CORE}:PersistentAsyncCaller.close")
+
+
+def state(caller):
+    global _exit_pid
+    state = _callers.get(caller)
+    if state is None:
+        state = _callers[caller] = _CallerState()
+        if _exit_pid != os.getpid():
+            _exit_pid = os.getpid()
+            atexit.register(at_exit)
+    return state
+
+
+def at_exit():
+    """At interpreter exit, before multiprocessing joins its non-daemonic children (NVRx
+    0.4.1 and 0.5.0 workers: the exit would wait on them for ever) and terminates the
+    daemonic ones: ask every worker nobody closed to stop after its current request, and
+    forget it, so NVRx's own close from ``__del__`` later has nothing to wait on. Nothing
+    is finalized (that would take collectives)."""
+    if _exit_pid != os.getpid():
+        return
+    for caller, state in list(_callers.items()):
+        process = _monitor.started_process(process_of(caller))
+        if process is None or state.death is not None:
+            continue
+        try:
+            if process.exitcode is None:
+                queues_of(caller)[0].put("DONE")
+        except Exception:
+            pass
+        forget_process(caller, process)
+
+
+# -- the two implementations: NVRx's caller and megatron-core's ----------------------------
+
+def caller_of(queue):
+    """The queue's persistent caller (NVRx: per queue; megatron-core: per process)."""
+    return getattr(queue, "persistent_caller", None) or getattr(queue, "_persistent_caller",
+                                                                 None)
+
+
+def process_of(caller):
+    """The caller's worker process (None for one whose worker was let go)."""
+    if caller is None or caller in _abandoned:
+        return None
+    return getattr(caller, "process", None)
+
+
+def queues_of(caller):
+    """``(request queue, preload queue, completion queue)`` of the caller (None for a caller
+    whose worker was let go)."""
+    if caller is None or caller in _abandoned:
+        return None, None, None
+    if hasattr(caller, "preload_q"):
+        return caller.queue, caller.preload_q, caller.comp_q
+    cls = type(caller)  # megatron-core: on the class, while its worker is this caller's
+    if caller.process is None or getattr(cls, "_persistent_process", None) is not caller.process:
+        return None, None, None
+    return cls._persistent_queue, cls._persistent_preload_q, cls._persistent_comp_q
+
+
+def queue_names(caller_class):
+    """The caller's queue attributes, or None if this caller keeps them elsewhere."""
+    init = getattr(caller_class, "__init__", None)
+    names = getattr(getattr(init, "__code__", None), "co_names", ())
+    if {"queue", "preload_q", "comp_q", "process"} <= set(names):
+        return "queue", "preload_q", "comp_q"
+    mcore = ("_persistent_queue", "_persistent_preload_q", "_persistent_comp_q")
+    if all(hasattr(caller_class, name) for name in mcore):
+        return mcore
+    return None
+
+
+def dead(process):
+    process = _monitor.started_process(process)
+    return process is not None and process.exitcode is not None
+
+
+# -- wrappers -------------------------------------------------------------------------------
+
+def finalized_with(queue, no_dist):
+    """Note the ``no_dist`` of a ``maybe_finalize_async_calls`` call on ``queue``."""
+    _no_dist[queue] = no_dist
+
+
+def known(caller):
+    """The record of ``caller``, if the watch has one (``state`` makes one)."""
+    return _callers.get(caller)
+
+
+def finalize_no_dist(queue):
+    """``no_dist`` of the last ``maybe_finalize_async_calls`` on ``queue`` (before any:
+    NVRx's default, False): how a finalize the package makes for the user runs."""
+    return _no_dist.get(queue, False)
+
+
+def abandon(caller):
+    """Let a dead worker go: keep the completions it sent, close its queues (no feeder
+    thread may hold up the exit, nor their semaphores outlive them), reap it, and clear
+    what the trainer believed it cached."""
+    process = process_of(caller)
+    comp_q = queues_of(caller)[2]
+    completed = _callers[caller].completed if caller in _callers else set()
+    while comp_q is not None:
+        try:
+            item = comp_q.get_nowait()
+        except (Empty, OSError, ValueError, EOFError):
+            break
+        if isinstance(item, int) and item != SENTINEL:
+            completed.add(item)
+    for q in queues_of(caller):
+        if q is not None:
+            try:
+                q.cancel_join_thread()
+                q.close()
+            except Exception:
+                pass
+    if _monitor.started_process(process) is not None:
+        try:
+            process.join(1.0)
+        except Exception:
+            pass
+    forget_process(caller, process)
+    if _cleanup.cached_key_count():
+        _cleanup.clear_trainer_caches("the checkpoint worker failed")
+
+
+def forget_process(caller, process):
+    """The caller no longer has a worker (its close does nothing)."""
+    _abandoned.add(caller)
+    cls = type(caller)
+    if process is not None and getattr(cls, "_persistent_process", None) is process:
+        cls._persistent_process = cls._persistent_queue = None  # megatron-core: on the class
+        cls._persistent_preload_q = cls._persistent_comp_q = None
+    try:
+        caller.process = None
+    except Exception:
+        pass
+
+
+def forget_caller(queue, caller):
+    """The queue starts a fresh caller (and worker) at its next save."""
+    if "persistent_caller" in vars(queue) and queue.persistent_caller is caller:
+        queue.persistent_caller = None
+    for cls in type(queue).__mro__:  # megatron-core: one caller per process, on the class
+        if vars(cls).get("_persistent_caller") is caller:
+            cls._persistent_caller = None
+
+
+def release_join(joinable):
+    """End ``joinable.join()`` in this process: count its unfinished tasks down to zero."""
+    if joinable is None:
+        return
+    cond, unfinished = joinable._cond, joinable._unfinished_tasks
+    if not cond.acquire(timeout=2.0):  # the dead worker died holding it
+        raise RuntimeError("the queue's lock is held by the dead worker")
+    try:
+        while unfinished.acquire(False):
+            pass
+        cond.notify_all()
+    finally:
+        cond.release()
+
+
+def describe_exit(code):
+    """multiprocessing's exit code in words."""
+    if code is None or code == -1:
+        return "exit status unknown"
+    if code < 0:
+        import signal
+
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}" + (": an uncaught exception" if code == 1 else "")
+
+
+@_state.on_reset
+def _reset():
+    """(The exit handler, once registered, stays: it finds no caller to stop.)"""
+    global _callers, _abandoned, _no_dist
+    _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
+    _no_dist = weakref.WeakKeyDictionary()

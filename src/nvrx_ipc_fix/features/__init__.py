@@ -1,0 +1,1 @@
+"""What users call: ``release()``, ``offloading()``, ``prewarm()``."""
