@@ -6,7 +6,6 @@ training loop's non-blocking polls, ``no_dist`` True or False), the failed save 
 finalized and the error names it, nothing is held back, and the next save is loaded back
 value by value. Faults are injected inside the worker (``nvrx_ipc_fix.testing.faults``)."""
 
-import json
 import os
 import select
 import signal
@@ -16,7 +15,7 @@ import textwrap
 
 import pytest
 
-from conftest import (MCORE, NVRX, PTH, _env, expect, needs_nvrx, run_process, run_python,
+from conftest import (MCORE, NVRX, PTH, _env, expect, needs_nvrx, run_python,
                       scenario, scenario_ranks)
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
@@ -257,17 +256,7 @@ needs_mcore = pytest.mark.skipif(MCORE is None, reason="megatron-core is not ins
 
 
 def mcore_scenario(steps, fix=True, **options):
-    code = f"""
-        import json, tempfile
-        from nvrx_ipc_fix.testing import scenario
-        with tempfile.TemporaryDirectory() as d:
-            print(json.dumps(scenario.run({steps!r}, d, timeout=30, numel=512,
-                                          cached=False, impl="mcore", **{options!r})))
-    """
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], fix=fix,
-                               timeout=300)
-    assert rc == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+    return scenario(steps, fix=fix, timeout=30, cached=False, impl="mcore", **options)
 
 
 @needs_mcore

@@ -176,9 +176,9 @@ class Trainer:
         import importlib
 
         core = self.core = importlib.import_module(IMPLS[impl])
-        if starts == "forkserver":
+        if starts == "forkserver" and impl == "nvrx":  # megatron-core's is forked on the CPU
             start_workers_from_forkserver(core)
-        elif starts != "spawn":
+        elif starts not in ("spawn", "forkserver"):
             raise ValueError(f"starts must be 'spawn' or 'forkserver', not {starts!r}")
         self.cuda = torch.cuda.is_available()
         if not self.cuda:
