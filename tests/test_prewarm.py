@@ -135,7 +135,7 @@ FALLBACK = ["prewarm", "kill-worker", "save", "fault-idle", "save",
 
 @pytest.fixture(scope="module")
 def fell_back():
-    return scenario(FALLBACK)
+    return scenario(FALLBACK, starts="spawn")  # a start that takes time: killed while at it
 
 
 def test_a_failed_prewarm_is_reported_and_the_save_starts_a_fresh_worker(fell_back):
@@ -236,7 +236,7 @@ EDGES = """
 
 @pytest.fixture(scope="module")
 def edges():
-    return run_python(EDGES, timeout=180, forked=True)
+    return run_python(EDGES, timeout=180)  # NVRx not imported at first: a fresh interpreter
 
 
 def test_prewarm_refuses_what_is_not_a_queue(edges):

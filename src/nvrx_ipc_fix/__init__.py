@@ -7,7 +7,7 @@ only registers post-import hooks: NVRx and Megatron are patched when they are im
 and activation imports neither them nor torch.
 """
 
-from .core import __version__
+from .core import __version__  # noqa: F401  (the package's version)
 from .core.lifecycle import activate, deactivate, status
 from .core.lifecycle import enable as _enable
 

@@ -43,6 +43,14 @@ def nvrx_worker_cache(_module):
     return "active", f"NVRx {version} may cache IPC handles in its worker"
 
 
+def framework_queue(module):
+    """Megatron and Bridge: their ``maybe_finalize_async_save`` closes NVRx's or megatron-core's
+    queue, whose worker the watch watches."""
+    if module is None:
+        return None
+    return "active", "a terminate that meets a failed save still closes the queue, then raises"
+
+
 def release_policy(module):
     """NeMo RL and slime targets: the release policy allows it and NVRx may cache."""
     from .config import RELEASE, release_policy
@@ -204,8 +212,8 @@ def _watch(fix, module, applies):
                wrapper("done_wrapper"), ("self", "blocking", "no_dist"), applies),
         Target(fix, module, "PersistentAsyncCaller.close", wrapper("close_wrapper"), ("self",),
                applies),
-        Target(fix, module, "AsyncCallsQueue.close", wrapper("queue_close_wrapper"),
-               ("self", "abort"), applies),
+        Target(fix, module, "AsyncCallsQueue.close", wrapper("queue_close_wrapper"), ("self",),
+               applies),  # NVRx 0.4.1's takes no abort
     )
 
 
@@ -255,6 +263,11 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
 ) + tuple(  # NVRX_IPC_FIX_RELEASE=finalize: outside clear_on_close's wrappers of the same
     Target("release_on_offload", module, "maybe_finalize_async_save",
            "fixes.release_on_offload:finalize_wrapper", params, release_policy, aliases=True)
+    for module, params in ((MEGATRON, ("blocking", "terminate")),
+                           (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
+) + tuple(  # a terminate that meets a failed save still closes: outside clear_on_close's
+    Target("worker_watch", module, "maybe_finalize_async_save",
+           "fixes.worker_watch:terminate_wrapper", params, framework_queue, aliases=True)
     for module, params in ((MEGATRON, ("blocking", "terminate")),
                            (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
 )

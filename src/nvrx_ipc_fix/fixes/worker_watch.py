@@ -23,7 +23,8 @@ into the worker is touched):
 * ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
   dies during the close ends the wait.
 * ``AsyncCallsQueue.close``: when the finalize it starts with raises a failed checkpoint
-  and leaves nothing pending, the close is still done, then the failure is raised.
+  and leaves nothing pending, the close is still done, then the failure is raised; the same
+  for Megatron's and Bridge's ``maybe_finalize_async_save(terminate=True)``.
 * ``PersistentAsyncCaller.async_process_target`` (NVRx 0.5.0+, in the worker only, where it
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
@@ -209,6 +210,32 @@ def queue_close_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finaliz
         if queue.get_num_unfinalized_calls():  # the finalize could not go on: as NVRx left it
             raise
         deliver(failure, lambda: wrapped(*args, **kwargs))
+
+
+def terminate_wrapper(wrapped, instance, args, kwargs):
+    """Around Megatron's and Bridge's ``maybe_finalize_async_save``: with ``terminate=True``,
+    when the finalize it starts with raises (a failed checkpoint), the rest of the call (the
+    saves behind, the close) is still done, then the failure is raised."""
+    try:
+        terminate, = flags(wrapped, args, kwargs, "terminate")
+    except Exception as exc:
+        hook_failed(_target(wrapped), exc)
+        terminate = False
+    if not terminate:
+        return wrapped(*args, **kwargs)
+    try:
+        return wrapped(*args, **kwargs)
+    except STOP:
+        raise
+    except BaseException as failure:  # the finalize before the close: the close did not run
+        try:
+            wrapped(*args, **kwargs)
+        except STOP:
+            raise
+        except BaseException as again:
+            add_note(failure, f"nvrx_ipc_fix: completing the terminate then raised "
+                              f"{type(again).__name__}: {again}")
+        raise failure
 
 
 def _summary(failures, finalized):

@@ -597,16 +597,29 @@ def _probe(trainer, report, index, name):
     return trainer.probe()
 
 
-def resources():
+def resources(settle=5.0):
     """What this process holds that a dead worker could leak: open file descriptors, threads,
     and live ``multiprocessing`` semaphores (each queue has several; each is a named POSIX
-    semaphore until it is collected)."""
+    semaphore until it is collected). What is held, not what is in passing: finished
+    children reaped and garbage collected, sampled until two samples agree (at most
+    ``settle`` seconds; a descriptor lent to a worker is closed once the worker took it)."""
     from multiprocessing.synchronize import SemLock
 
-    gc.collect()
-    return {"fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None,
-            "threads": threading.active_count(),
-            "semaphores": sum(isinstance(o, SemLock) for o in gc.get_objects())}
+    def sample():
+        multiprocessing.active_children()  # reaps finished children, closing their pipes
+        gc.collect()
+        return {"fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd")
+                else None, "threads": threading.active_count(),
+                "semaphores": sum(isinstance(o, SemLock) for o in gc.get_objects())}
+
+    deadline, found = time.monotonic() + settle, sample()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        again = sample()
+        if again == found:
+            break
+        found = again
+    return found
 
 
 def checkpoint_workers():
