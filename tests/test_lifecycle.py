@@ -5,6 +5,7 @@ Each run checks the state after every step, so the maximal sequences cover their
 """
 
 import itertools
+from importlib import metadata
 
 import pytest
 
@@ -14,6 +15,11 @@ pytestmark = needs_nvrx
 
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+MEGATRON, BRIDGE = "megatron.training.async_utils", "megatron.bridge.training.checkpointing"
+try:
+    BRIDGE_DIST = metadata.version("megatron-bridge")
+except metadata.PackageNotFoundError:
+    BRIDGE_DIST = None
 
 CHECKER = """
 import importlib, json, sys
@@ -77,8 +83,10 @@ def expected_state(active, imported, key):
     module, attr = target.split(":")
     if not active:
         return "disabled"
-    if fix == "mcore_worker_watch":
+    if fix == "mcore_worker_watch" or (fix == "worker_watch" and module == MEGATRON):
         return "pending" if MCORE else "not_applicable"  # megatron-core: never imported here
+    if fix == "worker_watch" and module == BRIDGE:
+        return "pending" if BRIDGE_DIST else "not_applicable"
     if module not in (CORE, FS):  # Megatron, Bridge and NeMo RL targets: not installed here
         return "pending" if expect("cache") else "not_applicable"
     if not imported:

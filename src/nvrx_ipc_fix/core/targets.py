@@ -43,12 +43,17 @@ def nvrx_worker_cache(_module):
     return "active", f"NVRx {version} may cache IPC handles in its worker"
 
 
-def framework_queue(module):
-    """Megatron and Bridge: their ``maybe_finalize_async_save`` closes NVRx's or megatron-core's
-    queue, whose worker the watch watches."""
-    if module is None:
-        return None
-    return "active", "a terminate that meets a failed save still closes the queue, then raises"
+def framework_queue(dist):
+    """Megatron (``dist`` megatron-core) and Bridge (megatron-bridge): their
+    ``maybe_finalize_async_save`` closes NVRx's or megatron-core's queue, whose worker the
+    watch watches."""
+    def applies(module):
+        if module is None:
+            if distribution_version(dist) is None:
+                return "not_applicable", f"{dist} is not installed"
+            return None  # decided once the module is imported
+        return "active", "a terminate that meets a failed save still closes the queue, then raises"
+    return applies
 
 
 def release_policy(module):
@@ -267,7 +272,8 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
                            (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
 ) + tuple(  # a terminate that meets a failed save still closes: outside clear_on_close's
     Target("worker_watch", module, "maybe_finalize_async_save",
-           "fixes.worker_watch:terminate_wrapper", params, framework_queue, aliases=True)
-    for module, params in ((MEGATRON, ("blocking", "terminate")),
-                           (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
+           "fixes.worker_watch:terminate_wrapper", params, framework_queue(dist), aliases=True)
+    for module, dist, params in (
+        (MEGATRON, "megatron-core", ("blocking", "terminate")),
+        (BRIDGE, "megatron-bridge", ("global_state", "ckpt_cfg", "blocking", "terminate")))
 )
