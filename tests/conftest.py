@@ -148,7 +148,7 @@ class Zygote:
         env = _env(True, False)  # start-up activation off: the zygote never imports the package
         self.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "zygote.py")],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        self.exited, self.lines = {}, []
+        self.exited, self.lines, self.buffer = {}, [], b""
         self._read(lambda: "ready" in self.lines[-1] if self.lines else False, 300)
         self.lines.clear()
 
@@ -167,17 +167,25 @@ class Zygote:
         return self.exited.pop(pid) if self._read(lambda: pid in self.exited, timeout) else None
 
     def _read(self, done, timeout):
+        """Read the zygote's replies until ``done()``; False after ``timeout`` seconds. Reads
+        the pipe itself (``os.read``): a buffered reader would keep a second reply that came
+        in the same chunk where ``select`` does not see it (two ranks exiting at once)."""
         import select
         import time
 
         deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
         while not done():
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
-                return False
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError("the test zygote ended")
+            if b"\n" not in self.buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    return False
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise RuntimeError("the test zygote ended")
+                self.buffer += chunk
+                continue
+            line, self.buffer = self.buffer.split(b"\n", 1)
             message = json.loads(line)
             if "rc" in message:
                 self.exited[message["pid"]] = message["rc"]

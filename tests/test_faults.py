@@ -145,7 +145,8 @@ def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault
 def test_saves_in_flight_behind_a_failed_one_are_named_not_silently_dropped(mode):
     """The worker dies on a save with more saves scheduled behind it: one error names every
     save the dead worker never completed; a save that reached a fresh worker is finalized
-    (blocking: by the same call; polls: by the next); the next save loads."""
+    (blocking: by the same call; polls: by the same call when it is done, else by the next);
+    the next save loads."""
     steps = ["save", "fault-raise-async", "save-async", "finalize", "save",
              "fault-kill-async", "save-async", "save-async", "finalize", "save"]
     report = scenario(steps, timeout=30, finalize=mode[0], no_dist=mode[1])
@@ -158,7 +159,8 @@ def test_saves_in_flight_behind_a_failed_one_are_named_not_silently_dropped(mode
     assert "injected fault in the worker's async_fn" in first["error"]["text"]
     assert first["pending_after"] == 0 and first["again"] is None
     assert second["lost"] == [version[5], version[6]]  # save 7 went to a fresh worker
-    assert second["pending_after"] == (0 if mode[0] == "blocking" else 1)
+    # a poll finalizes save 7 too when its fresh worker is done by then, else the next does
+    assert second["pending_after"] in ((0,) if mode[0] == "blocking" else (0, 1))
     assert second["again"] is None
     assert [s["step"] for s in report["saves"] if not s.get("lost")] == [0, 4, 7, 9]
     assert loaded(report) == [0, 0, 0, 0]

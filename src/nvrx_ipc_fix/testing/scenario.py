@@ -142,14 +142,16 @@ def _fork_server():
     interpreter: ``ensure_running`` as it is, but its ``spawnv_passfds`` forks and runs the
     server's ``main`` on the two descriptors it passes (the listening socket, the read end of
     the "alive" pipe), every other descriptor but the resource tracker's closed there, as
-    the spawn would."""
+    the spawn would. The resource tracker is started first, as multiprocessing starts it."""
     from multiprocessing import forkserver, resource_tracker, util
+
+    tracker = resource_tracker.getfd()  # started as it is (spawned), before spawnv is replaced
 
     def fork_server(_path, _args, passfds):
         pid = os.fork()
         if pid == 0:
             try:
-                keep = {0, 1, 2, *passfds, resource_tracker.getfd()}
+                keep = {0, 1, 2, *passfds, tracker}
                 for fd in map(int, os.listdir("/proc/self/fd")):
                     if fd not in keep:
                         try:
