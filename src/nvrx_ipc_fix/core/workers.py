@@ -194,6 +194,11 @@ def forget_process(caller, process):
         pass
 
 
+def abandoned(caller):
+    """Was the caller's worker let go (``abandon``)? Its queues are closed."""
+    return caller is not None and caller in _abandoned
+
+
 def forget_caller(queue, caller):
     """The queue starts a fresh caller (and worker) at its next save."""
     if "persistent_caller" in vars(queue) and queue.persistent_caller is caller:

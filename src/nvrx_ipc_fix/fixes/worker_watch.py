@@ -67,7 +67,9 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     if _finalizing() or not getattr(queue, "persistent", True):
         return wrapped(*args, **kwargs)
     target = _target(wrapped)
-    try:  # reads only
+    try:
+        if _workers.abandoned(_workers.caller_of(queue)):  # NVRx 0.4.1 keeps a closed caller
+            _workers.forget_caller(queue, _workers.caller_of(queue))  # as 0.5.0+: a fresh one
         caller, save = _workers.caller_of(queue), queue.call_idx + 1
         request = args[0] if args else kwargs["async_request"]
         process = _workers.process_of(caller)
@@ -315,7 +317,9 @@ def _consume(caller, state, save):
 
 
 def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
-    """Around ``PersistentAsyncCaller.close``: never wait on a dead worker."""
+    """Around ``PersistentAsyncCaller.close``: never wait on a dead worker; one that dies
+    during the close is let go with its queues (NVRx 0.4.1 would start the next worker on
+    them: a lock or a ``DONE`` the dead one left holds that worker up for ever)."""
     if _finalizing():  # bound early: module globals are gone by then
         if getattr(caller, "process", None) is None:
             return None  # nothing to close (a worker we let go)
@@ -331,8 +335,11 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     def unblock():
         _workers.release_join(_workers.queues_of(caller)[0])
 
-    with _monitor.watching("closing the checkpoint worker", lambda: process, unblock):
-        return wrapped(*args, **kwargs)
+    with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
+        result = wrapped(*args, **kwargs)
+    if wait.exitcode is not None:  # died in the close: its queues may hold what it left
+        _workers.abandon(caller)
+    return result
 
 
 def worker_loop_wrapper(wrapped, instance, args, kwargs):
