@@ -17,7 +17,7 @@ while writing (``kill``) and an exception in ``async_fn`` (``raise``) on the oth
 * calls that finalize nothing (onload points, ``prewarm()``): the error stays for the
   finalize that reaches the save.
 
-Each mechanism runs in one trainer per ``no_dist``; NVRx's workers start from a forkserver
+Each group of paths runs in one trainer per ``no_dist``; NVRx's workers start from a forkserver
 (a cold start is not the subject: conftest.scenario). On today's main the automatic points lose the save with
 no error, ``offloading()`` skips its block and a failed close is left half done."""
 
@@ -61,10 +61,12 @@ def cells(paths, kinds=("kill", "raise")):
     return [(path, kind) for path in paths for kind in kinds]
 
 
-#: The package's release finalizes: every fault at NeMo RL's refit offload, two elsewhere.
-RELEASE = (cells(["offload_before_refit"], ("preload", "raise", "exit", "kill", "idle"))
-           + cells(["prepare_for_lp_inference", "finish_training", "slime_sleep", "flush",
-                    "terminate", "restart", "offloading-restart", "offloading-flush"]))
+#: The package's release finalizes, at the automatic points: every fault at NeMo RL's refit
+#: offload, two elsewhere;
+AUTOMATIC = (cells(["offload_before_refit"], ("preload", "raise", "exit", "kill", "idle"))
+             + cells(["prepare_for_lp_inference", "finish_training", "slime_sleep"]))
+#: and in the user's calls: release() with each strategy, offloading().
+CALLED = cells(["flush", "terminate", "restart", "offloading-restart", "offloading-flush"])
 #: NVRx's own finalize in a call the package completes; "write": NVRx's own error of a live
 #: worker, so that the close's completion shows.
 COMPLETED = (cells(["close", "bridge_terminate", "bridge_finalize"])
@@ -127,8 +129,11 @@ def check(report, cells_):
 
 @needs_cache
 @pytest.mark.parametrize("no_dist", [False, True], ids=["no_dist=False", "no_dist=True"])
-def test_where_the_package_releases_the_failure_is_raised_after_the_call_s_own_work(no_dist):
-    check(run(RELEASE + LATER, no_dist), RELEASE + LATER)
+@pytest.mark.parametrize("cells_", [AUTOMATIC, CALLED, LATER],
+                         ids=["automatic", "called", "finalizes-nothing"])
+def test_where_the_package_releases_the_failure_is_raised_after_the_call_s_own_work(
+        cells_, no_dist):
+    check(run(cells_, no_dist), cells_)
 
 
 @pytest.mark.parametrize("no_dist", [False, True], ids=["no_dist=False", "no_dist=True"])
