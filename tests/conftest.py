@@ -195,6 +195,11 @@ class Zygote:
 
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+#: A GPU here: CUDA cannot be used in a process forked from one that initialized it, so
+#: children are fresh interpreters and NVRx spawns its workers (no zygote, no forkserver).
+#: Read from the device nodes, without importing torch.
+GPU = any(name.startswith("nvidia") and name[6:].isdigit()
+          for name in (os.listdir("/dev") if os.path.isdir("/dev") else ()))
 _zygote = []  # the session's Zygote, started on first use
 
 
@@ -212,7 +217,8 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120):
     with its workers and fails the test."""
     child_env = _env(fix, auto, env)
     startup = {k: v for k, v in child_env.items() if k.startswith("PYTHON")}
-    if auto or startup != {k: v for k, v in _env(fix, False).items() if k.startswith("PYTHON")}:
+    if GPU or auto or startup != {k: v for k, v in _env(fix, False).items()
+                                  if k.startswith("PYTHON")}:
         return _run_fresh(codes, fix=fix, auto=auto, env=env, timeout=timeout)
     import tempfile
     import time
@@ -274,14 +280,14 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
     ``no_dist`` choose how saves are finalized, ``starts`` how NVRx starts its workers
     (``scenario.Trainer``; default: ``forkserver``, but ``spawn``, NVRx's own way, with
-    start-up activation, as users deploy it), ``impl`` whose worker, ``cached`` whether the
+    start-up activation, as users deploy it, and on a GPU), ``impl`` whose worker, ``cached`` whether the
     writer caches. The child is one of the zygote's where it can be (``run_code``). The
     scenario's watchdog
     reports a hang as soon as the worker died, or after ``timeout`` s in one save; this
     process's backstop kills everything later. Returns the report, with ``cache_miss``
     (the worker printed "Worker cache miss") added.
     """
-    starts = starts or ("spawn" if auto else "forkserver")
+    starts = starts or ("spawn" if auto or GPU else "forkserver")
     code = f"""
         import json, os, shutil, tempfile
         {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
@@ -313,7 +319,8 @@ def scenario_ranks(steps, directory, *, world_size=2, timeout=60, fix=True, env=
     -m nvrx_ipc_fix.testing.scenario`` (default ``--starts forkserver``), as children of the
     zygote where they can be (``run_codes``); returns each rank's report. A rank still
     running after ``backstop`` seconds is killed with its workers and fails the test."""
-    flags = list(flags) if "--starts" in flags else ["--starts", "forkserver", *flags]
+    flags = list(flags) if "--starts" in flags else [
+        "--starts", "spawn" if GPU else "forkserver", *flags]
     codes = [f"""
         import sys
         from nvrx_ipc_fix.testing.scenario import main

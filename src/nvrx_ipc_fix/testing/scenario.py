@@ -178,11 +178,13 @@ class Trainer:
         import importlib
 
         core = self.core = importlib.import_module(IMPLS[impl])
-        if starts == "forkserver" and impl == "nvrx":  # megatron-core's is forked on the CPU
-            start_workers_from_forkserver(core)
-        elif starts not in ("spawn", "forkserver"):
+        if starts not in ("spawn", "forkserver"):
             raise ValueError(f"starts must be 'spawn' or 'forkserver', not {starts!r}")
         self.cuda = torch.cuda.is_available()
+        # megatron-core's worker is forked on the CPU; on a GPU, NVRx spawns its own (CUDA
+        # cannot be used in a process forked from one that initialized it)
+        if starts == "forkserver" and impl == "nvrx" and not self.cuda:
+            start_workers_from_forkserver(core)
         if not self.cuda:
             from . import fakecuda
 
