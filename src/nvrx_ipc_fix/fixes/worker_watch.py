@@ -337,7 +337,7 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
 
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
-    if wait.exitcode is not None:  # died in the close: its queues may hold what it left
+    if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
         _workers.abandon(caller)
     return result
 
