@@ -338,7 +338,10 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
     if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
-        _workers.abandon(caller)
+        try:
+            _workers.abandon(caller)
+        except Exception as exc:  # the package's own defect: the close itself is done
+            hook_failed(_target(wrapped), exc)
     return result
 
 
