@@ -605,8 +605,9 @@ def resources(settle=5.0):
     """What this process holds that a dead worker could leak: open file descriptors, threads,
     and live ``multiprocessing`` semaphores (each queue has several; each is a named POSIX
     semaphore until it is collected). What is held, not what is in passing: finished
-    children reaped and garbage collected, sampled until two samples agree (at most
-    ``settle`` seconds; a descriptor lent to a worker is closed once the worker took it)."""
+    children reaped and garbage collected, sampled for a second and until two samples agree
+    (at most ``settle`` seconds; a descriptor lent to a worker is closed once the worker took
+    it), the least of each kind (what is held is in every sample)."""
     from multiprocessing.synchronize import SemLock
 
     def sample():
@@ -616,14 +617,17 @@ def resources(settle=5.0):
                 else None, "threads": threading.active_count(),
                 "semaphores": sum(isinstance(o, SemLock) for o in gc.get_objects())}
 
-    deadline, found = time.monotonic() + settle, sample()
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    found = least = sample()
+    while time.monotonic() < started + settle:
         time.sleep(0.2)
         again = sample()
-        if again == found:
+        least = {kind: min(least[kind], again[kind]) if again[kind] is not None else None
+                 for kind in again}
+        if again == found and time.monotonic() >= started + 1.0:
             break
         found = again
-    return found
+    return least
 
 
 def checkpoint_workers():
