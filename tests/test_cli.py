@@ -248,6 +248,7 @@ def test_doctor_checks_every_setting_the_package_reads(tmp_path):
                                                  "using 60"),
            "NVRX_IPC_FIX_PREWARM": (" Maybe", "is not start or off; using off"),
            "NVRX_IPC_FIX_PIN": ("nan", "is not on or off; using on"),
+           "NVRX_IPC_FIX_STANDBY": ("maybe", "is not on or off; using on"),
            "NVRX_IPC_FIX_RELEASE": ("", None), "NVRX_IPC_FIX_LOG_LEVEL": ("INFO", None)}
     env = {name: value for name, (value, _) in bad.items()}
     for how in ((), ("start-up",)):  # not covered, then covered at start-up

@@ -71,6 +71,11 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_PIN", "never", False, False),
     ("NVRX_IPC_FIX_PIN", "maybe", True, True),  # "using on", and on it is
     ("NVRX_IPC_FIX_PIN", NAN, True, True),
+    ("NVRX_IPC_FIX_STANDBY", "", True, False),
+    ("NVRX_IPC_FIX_STANDBY", " Off", False, False),
+    ("NVRX_IPC_FIX_STANDBY", "0", False, False),
+    ("NVRX_IPC_FIX_STANDBY", "-1", True, True),
+    ("NVRX_IPC_FIX_STANDBY", INF, True, True),
     ("NVRX_IPC_FIX_PREWARM", "Start", True, False),
     ("NVRX_IPC_FIX_PREWARM", "", False, False),
     ("NVRX_IPC_FIX_PREWARM", "maybe", False, True),
@@ -95,6 +100,7 @@ READ_ENV = """
                  _config.RELEASE: _config.release_policy,
                  _config.RELEASE_TIMEOUT: _config.release_timeout,
                  _config.STALL_TIMEOUT: _config.stall_timeout, _config.PIN: _config.pin_ahead,
+                 _config.STANDBY: _config.standby,
                  _config.PREWARM: _config.prewarm_at_start}[name]()
         return "inf" if value == float("inf") else value
     import logging

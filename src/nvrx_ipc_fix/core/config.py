@@ -54,6 +54,11 @@ PREWARM = "NVRX_IPC_FIX_PREWARM"
 #: so that its first save copies into pinned blocks as a kept worker does. ``off`` (also
 #: ``0``, ``false``, ``no``, ``never``, ``none``): it pins nothing ahead.
 PIN = "NVRX_IPC_FIX_PIN"
+#: ``on`` (default; also ``1``, ``true``, ``yes``): the ``restart`` release starts the standby,
+#: a process with torch and NVRx imported and no CUDA, from which the next worker is forked
+#: at the onload (``core.standby``). ``off`` (also ``0``, ``false``, ``no``, ``never``,
+#: ``none``): NVRx spawns each worker, which imports torch and NVRx itself.
+STANDBY = "NVRX_IPC_FIX_STANDBY"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -283,7 +288,7 @@ def _parse_stall_timeout(raw):
     return (float("inf") if value == 0 else value), problem
 
 
-def _parse_pin(raw):
+def _parse_on(raw):
     if raw in _TRUE or not raw:
         return True, None
     if raw in _FALSE | {"never", "none"}:
@@ -333,8 +338,10 @@ SETTINGS = (
             lambda v: "stall report: " + ("never" if v == float("inf") else f"after {v:g} s")),
     Setting(PREWARM, _parse_prewarm, lambda v: "a persistent queue starts its worker when "
             "created" if v else "off: the worker starts at the first save (or prewarm())"),
-    Setting(PIN, _parse_pin, lambda v: "on: a prewarmed worker pins the last save's host "
+    Setting(PIN, _parse_on, lambda v: "on: a prewarmed worker pins the last save's host "
             "memory ahead" if v else "off: a prewarmed worker's first save pins host memory"),
+    Setting(STANDBY, _parse_on, lambda v: "on: restart's next worker is forked from a standby "
+            "with torch and NVRx imported" if v else "off: NVRx spawns each worker"),
 )
 
 
@@ -418,7 +425,12 @@ def stall_timeout():
 
 def pin_ahead():
     """Does a prewarmed worker pin host memory for its first save (``NVRX_IPC_FIX_PIN``)?"""
-    return _read(PIN, _parse_pin)
+    return _read(PIN, _parse_on)
+
+
+def standby():
+    """Is restart's next worker forked from the standby (``NVRX_IPC_FIX_STANDBY``)?"""
+    return _read(STANDBY, _parse_on)
 
 
 def prewarm_at_start():

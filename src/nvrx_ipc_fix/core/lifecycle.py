@@ -367,6 +367,7 @@ def status():
             _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
             fixes.append(FixStatus(fix, state, _loss(mine) if state in LOST else reason, summary))
         wrapt = sys.modules.get("wrapt")
+        standby = sys.modules.get(__name__.rsplit(".", 1)[0] + ".standby")
         return Status(
             version=__version__,
             activated=_active,
@@ -386,6 +387,7 @@ def status():
             prewarms=_cleanup.totals.prewarms,
             prewarm_failures=_cleanup.totals.prewarm_failures,
             pinned_bytes=_cleanup.totals.pinned_bytes,
+            **({"standby": standby.describe()} if standby is not None else {}),
             untested=_detect.untested_versions(),
         )
 

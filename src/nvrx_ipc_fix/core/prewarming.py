@@ -10,7 +10,8 @@ taken by the first queue that saves), so that a framework that warms up next (Me
 finds it there and starts none; a worker waiting in that slot is never doubled either. Both
 run NVRx's restart callbacks, and the trainer's caches are emptied as well, so the fresh
 worker's first save sends full tensors. The spawn returns within milliseconds; the rest
-happens in the worker.
+happens in the worker. Where the standby serves (``core.standby``: after a ``restart``
+release), the worker is forked from it instead, with torch and NVRx already imported.
 
 *Ready* means the worker answered a request (``call_idx`` = the watch's ``SENTINEL``) that
 imports what a save's request needs there (``_worker.warm_up``: NVRx's writer module, 0.8 s
@@ -49,7 +50,7 @@ from dataclasses import dataclass
 from queue import Empty
 
 from . import cleanup as _cleanup, config as _config, fork as _fork, monitor as _monitor
-from . import state as _state, workers as _workers
+from . import standby as _standby, state as _state, workers as _workers
 from .detect import CORE
 from .log import logger
 from .worker import WORKER_IMPORTS, take_file, warm_up
@@ -65,29 +66,35 @@ class PrewarmReport:
     started: tuple = ()  # pids of the workers started
     skipped: tuple = ()  # ("what: why", ...)
     seconds: float = 0.0
+    forked: tuple = ()  # of ``started``, those forked from the standby (``core.standby``)
 
     def summary(self) -> str:
         """The one log line."""
         if not self.started:
             return f"prewarm started no checkpoint worker: {'; '.join(self.skipped)}"
         pids = ", ".join(map(str, self.started))
+        how = ("forked from the standby, it creates" if set(self.started) <= set(self.forked)
+               else "it imports torch and creates")
         return (f"started the NVRx checkpoint worker ahead of its next save (pid {pids}, "
-                f"{self.seconds:.2f} s); it imports torch and creates its CUDA context in the "
-                "background")
+                f"{self.seconds:.2f} s); {how} its CUDA context in the background")
 
 
 class _Start:
     """A worker started here that no save has used yet."""
 
-    __slots__ = ("process", "began", "ready_s", "error", "cancelled", "thread", "pinning",
-                 "pinned_bytes", "pin_error")
+    __slots__ = ("process", "began", "began_at", "ready_s", "error", "cancelled", "thread",
+                 "pinning", "pinned_bytes", "pin_error", "standby", "first_request_s", "pin_s")
 
-    def __init__(self, process, pinning=0):
+    def __init__(self, process, pinning=0, standby=None):
         self.process = process
+        self.standby = standby  # the pid of the standby it was forked from, or None
         self.pinning = pinning  # bytes it was asked to pin ahead
         self.pinned_bytes = 0  # what it pinned, once ready
         self.pin_error = None
         self.began = time.monotonic()
+        self.began_at = time.time()  # the worker reports wall-clock times
+        self.first_request_s = None  # from the start to the start-up request's beginning
+        self.pin_s = None  # how long the pinning ahead took
         self.ready_s = None  # seconds from the spawn to its answer
         self.error = None  # why it cannot take a save
         self.cancelled = False
@@ -144,15 +151,19 @@ def start_for(queues, core, began, slot=False):
     """Prewarm ``queues``; ``slot``: into NVRx's warm-up slot (at the queue's creation)."""
     rank = _monitor.dist_rank()
     started, skipped = [], [] if queues else ["queues: no live AsyncCallsQueue"]
+    forked = []
     for q in queues:
         with _lock:
             why = _blocked(q, core, rank)
-            pid = _start(q, core, rank, slot) if why is None else None
-        if pid is None:
+            start = _start(q, core, rank, slot) if why is None else None
+        if start is None:
             skipped.append(f"queue {id(q):#x}: {why}")
         else:
-            started.append(pid)
-    report = PrewarmReport(tuple(started), tuple(skipped), time.perf_counter() - began)
+            started.append(start.process.pid)
+            if start.standby is not None:
+                forked.append(start.process.pid)
+    report = PrewarmReport(tuple(started), tuple(skipped), time.perf_counter() - began,
+                           tuple(forked))
     if started:
         logger.info("rank %s: %s", _monitor.rank(), report.summary())
     return report
@@ -291,7 +302,7 @@ def _blocked(queue, core, rank):
 
 
 def _start(queue, core, rank, slot):
-    """Start ``queue``'s worker and the thread that waits for its answer; its pid. The
+    """Start ``queue``'s worker and the thread that waits for its answer; its ``_Start``. The
     worker goes to the queue's caller (NVRx makes one as for a save), or with ``slot`` and
     no caller yet to NVRx's warm-up slot, as ``warmup_persistent_caller`` does."""
     global _exit_pid
@@ -305,15 +316,16 @@ def _start(queue, core, rank, slot):
                 if name in params and hasattr(queue, name)})
         elif caller is None:
             caller = queue._get_async_caller()
-        caller._start_worker(rank)
+        with _standby.starting(core) as standby:  # forked from the standby, if it serves
+            caller._start_worker(rank)
         caller.rank = rank
         if slot:
             core.AsyncCallsQueue._warmup_persistent_caller = caller
         _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
         sizes = _sizes.get(queue, ()) if _config.pin_ahead() and not slot else ()
-        caller.queue.put(core.AsyncRequest(warm_up, (list(WORKER_IMPORTS), sizes), [],
-                                           call_idx=_workers.SENTINEL))
-        start = _starts[caller] = _Start(caller.process, sum(sizes))
+        caller.queue.put(core.AsyncRequest(warm_up, (list(WORKER_IMPORTS), sizes, standby),
+                                           [], call_idx=_workers.SENTINEL))
+        start = _starts[caller] = _Start(caller.process, sum(sizes), standby)
         start.thread = threading.Thread(target=_await_ready, args=(caller, start),
                                         name="nvrx_ipc_fix-prewarm", daemon=True)
         start.thread.start()
@@ -325,7 +337,7 @@ def _start(queue, core, rank, slot):
     if _exit_pid != os.getpid():
         _exit_pid = os.getpid()
         atexit.register(_at_exit)
-    return start.process.pid
+    return start
 
 
 def _await_ready(caller, start):
@@ -349,10 +361,11 @@ def _await_ready(caller, start):
                 if start.pinning:
                     _pinned(start)
                 start.ready_s = time.monotonic() - start.began
-                logger.info("rank %s: the prewarmed NVRx checkpoint worker (pid %s) is ready "
-                            "after %.2f s (%.2f GiB of host memory pinned ahead)",
-                            _monitor.rank(), process.pid, start.ready_s,
-                            start.pinned_bytes / _cleanup.GIB)
+                logger.info("rank %s: the prewarmed NVRx checkpoint worker (pid %s%s) is "
+                            "ready after %.2f s (%.2f GiB of host memory pinned ahead)",
+                            _monitor.rank(), process.pid,
+                            "" if start.standby is None else ", forked from the standby",
+                            start.ready_s, start.pinned_bytes / _cleanup.GIB)
                 return
     except Exception as exc:  # its queues were closed under it
         if not start.cancelled:
@@ -369,6 +382,9 @@ def _pinned(start):
         report = {"pinned_bytes": 0, "error": f"no report ({type(exc).__name__}: {exc})"}
     start.pinned_bytes = int(report.get("pinned_bytes") or 0)
     start.pin_error = report.get("error")
+    if isinstance(report.get("entered"), (int, float)):
+        start.first_request_s = report["entered"] - start.began_at
+    start.pin_s = report.get("pin_s")
     _cleanup.totals.pinned_bytes = start.pinned_bytes
     if start.pin_error:
         logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) pinned %.2f of "

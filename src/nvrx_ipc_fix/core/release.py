@@ -8,7 +8,8 @@ returns the freed blocks to the device. ``terminate`` closes the worker instead 
 fix); the next save pays for a new worker. ``restart`` terminates too, and the next worker is
 started ahead of the next save when the model is back (``prewarm``: at the exit of
 ``offloading()``, at NeMo RL's onload points, or called by the user). All three make the next
-save send full tensors. ``terminate`` and ``restart`` also stop a worker that waits for the
+save send full tensors; ``restart`` also starts the standby the next worker is forked from
+(``core.standby``). ``terminate`` and ``restart`` also stop a worker that waits for the
 queue's first save (prewarmed, or NVRx's warm-up): it holds nothing, but it is on the device.
 A queue in CPU-shared-memory mode holds no IPC handles and is left alone (closing one
 in NVRx 0.6.0 drops its drain-before-overwrite callback for good).
@@ -25,8 +26,8 @@ import weakref
 from dataclasses import dataclass, field
 from queue import Empty
 
-from . import cleanup as _cleanup, config as _config, prewarming as _prewarm, state as _state
-from . import workers as _workers
+from . import cleanup as _cleanup, config as _config, prewarming as _prewarm
+from . import standby as _standby, state as _state, workers as _workers
 from .detect import CORE
 from .errors import STOP, add_note
 from .log import logger
@@ -210,6 +211,8 @@ def _release(queue, strategy, timeout, held):
         _cleanup.forget_keys()
     freed = (cleaned.freed_bytes or 0) if cleaned is not None else 0
     pin = (sum(_prewarm.planned_pin_bytes(q) for q in queues) if strategy == "restart" else 0)
+    if strategy == "restart" and _prewarm.unavailable(core) is None:
+        _standby.start()  # inference follows: the next worker's imports happen meanwhile
     report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,
                            terminated, keys, tuple(skipped), "; ".join(errors) or None, pin)
     if report.error:

@@ -6,6 +6,10 @@ import dataclasses
 import enum
 
 
+#: ``Status.standby`` before any ``restart`` release (``core.standby``).
+STANDBY_NOT_STARTED = "not started: no restart release yet"
+
+
 class State(str, enum.Enum):
     """The state of one fix or one patch target."""
 
@@ -70,6 +74,9 @@ class Status:
     prewarms: int  # checkpoint workers started ahead of the save that needs them
     prewarm_failures: int  # of those, workers that died or failed before their first save
     pinned_bytes: int = 0  # host memory the last prewarmed worker pinned ahead of its save
+    #: The standby restart's workers are forked from (``core.standby``): its state, why it is
+    #: not used, how many workers it forked and how often it died.
+    standby: str = STANDBY_NOT_STARTED
     #: Distribution -> installed version, for each one newer than the newest version the
     #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
     untested: dict = dataclasses.field(default_factory=dict)
@@ -121,5 +128,5 @@ class Status:
                       f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: {self.releases}; "
                       f"prewarms: {self.prewarms} ({self.prewarm_failures} failed; "
                       f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned ahead by "
-                      "the last)"]
+                      "the last)", f"standby: {self.standby}"]
         return "\n".join(lines)

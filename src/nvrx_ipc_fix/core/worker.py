@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 from . import state as _state
 from .detect import CORE, FS
@@ -83,29 +84,54 @@ def drop_cache():
         torch.cuda.empty_cache()
 
 
-def warm_up(modules, sizes=()):
+def warm_up(modules, sizes=(), standby=None):
     """Import ``modules`` (what the saves will unpickle here), so that the first save to a
     prewarmed worker does not wait for them (a failure is left for that save to meet); then
-    pin host memory of ``sizes`` bytes (``pin_host``) and report it (``worker_file``)."""
+    pin host memory of ``sizes`` bytes (``pin_host``) and report it (``worker_file``), with
+    when this request began and how long the pinning took.
+    ``standby``: the pid of the standby this worker was forked from (``core.standby``),
+    with which it dies."""
+    entered = time.time()
+    if standby is not None:
+        die_with(standby)
     for name in modules:
         try:
             importlib.import_module(name)
         except Exception:
             pass
     if sizes:
+        began = time.perf_counter()
         pinned, error = pin_host(sizes)
         try:
             with open(worker_file(os.getpid(), "pinned"), "w") as out:
-                json.dump({"pinned_bytes": pinned, "error": error}, out)
+                json.dump({"pinned_bytes": pinned, "error": error, "entered": entered,
+                           "pin_s": time.perf_counter() - began}, out)
         except OSError:
             pass
+
+
+def die_with(parent):
+    """Have the kernel kill this process when ``parent`` (its parent) exits; if it already
+    has, exit now: the trainer reads this worker's exit from ``parent``, and takes it for
+    dead once ``parent`` is gone."""
+    import signal
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the check below still holds at the start
+        pass
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def pin_host(sizes):
     """Pin host blocks of these byte sizes and free them into torch's caching host allocator,
     where the first save's ``.to("cpu", non_blocking=True)`` copies find them (it rounds
     each request as it rounded these). Returns ``(bytes pinned, error or None)``; never
-    raises. Without CUDA, ``pin_without_cuda`` allocates, if a stand-in set it."""
+    raises. Without CUDA, ``pin_without_cuda`` allocates, if a stand-in set it. One thread:
+    more pinned no faster on an H200 host (``benchmarks/pin_speed.py``)."""
     import torch
 
     if torch.cuda.is_available():

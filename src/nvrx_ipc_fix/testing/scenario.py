@@ -12,7 +12,8 @@ queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 ``deactivate`` (the package's own calls, to test late activation), ``flush``,
 ``terminate`` and ``restart`` (``nvrx_ipc_fix.release`` with that strategy), ``prewarm``
 (``nvrx_ipc_fix.prewarm``), ``ready`` (wait until the prewarmed worker answered; how long it
-took to start), ``offloading-<strategy>`` (offload, measure and onload inside
+took to start, its parent), ``standby`` (wait until the standby restart's workers are forked
+from is ready), ``kill-standby`` (SIGKILL it), ``env-change`` (set a variable), ``offloading-<strategy>`` (offload, measure and onload inside
 ``nvrx_ipc_fix.offloading(strategy=...)``), ``kill-worker`` (SIGKILL the worker that
 would take the next save), ``stop-worker`` (SIGSTOP it), ``kill-worker-later`` (SIGKILL it a
 second later, from a thread), ``probe`` (ask the worker
@@ -576,6 +577,38 @@ def _ready_step(trainer, report, index, name):
     return _ready(trainer)
 
 
+@step("standby", adds="standby")
+def _standby_step(trainer, report, index, name):
+    """Wait (up to 120 s) until the standby that restart's workers are forked from is ready
+    or failed; its pid and what ``status()`` says of it."""
+    from ..core import standby
+
+    current = standby._standby
+    if current is not None:
+        current.ready.wait(120.0)
+    return {"pid": getattr(current, "pid", None), "ready": bool(current and current.ready.is_set()),
+            "status": nvrx_ipc_fix.status().standby}
+
+
+@step("kill-standby", adds="standby_kills")
+def _kill_standby(trainer, report, index, name):
+    """SIGKILL the standby; its pid, and those of its children still alive 2 s later."""
+    from ..core import standby
+    from ..core.monitor import _children
+
+    pid = standby._standby.pid
+    children = _children(pid)
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(2.0)
+    return {"pid": pid, "orphans": [c for c in children if standby._alive(c)]}
+
+
+@step("env-change")
+def _env_change(trainer, report, index, name):
+    """Set a variable: the environment is no longer the one the standby started with."""
+    os.environ["SCENARIO_ENV_CHANGED"] = str(index)
+
+
 @step("resources", adds="resources")
 def _resources(trainer, report, index, name):
     return resources()
@@ -644,6 +677,14 @@ def _started(trainer):
             "workers": len(checkpoint_workers())}
 
 
+def _parent(pid):
+    """The parent pid of ``pid`` (``/proc``), or None."""
+    try:
+        return int(stat_fields(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _ready(trainer):
     """Wait for the prewarmed worker (the scenario's stand-in for the training between
     onload and save); how long it took to start, in the background."""
@@ -656,9 +697,11 @@ def _ready(trainer):
         return {"pid": None, "ready_s": None, "error": None, "waited_s": waited,
                 "pinning": 0, "pinned_bytes": 0, "pin_error": None}
     return {"pid": start.process.pid, "waited_s": waited, "error": start.error,
+            "standby": start.standby, "parent": _parent(start.process.pid),
             "ready_s": None if start.ready_s is None else round(start.ready_s, 3),
             "pinning": start.pinning, "pinned_bytes": start.pinned_bytes,
-            "pin_error": start.pin_error}
+            "pin_error": start.pin_error, "first_request_s": start.first_request_s,
+            "pin_s": start.pin_s}
 
 
 def _fork_exit(trainer, close=False):
