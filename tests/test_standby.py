@@ -27,7 +27,6 @@ def cycles():
     return scenario(CYCLES, starts="spawn")
 
 
-@pytest.mark.smoke
 def test_restart_forks_the_next_worker_from_the_standby_and_every_save_loads(cycles):
     assert cycles["hang"] is None, cycles["stderr"]
     assert [s["stale"] for s in cycles["saves"]] == [0] * 6

@@ -68,9 +68,11 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         return wrapped(*args, **kwargs)
     target = _target(wrapped)
     try:
-        if _workers.abandoned(_workers.caller_of(queue)):  # NVRx 0.4.1 keeps a closed caller
-            _workers.forget_caller(queue, _workers.caller_of(queue))  # as 0.5.0+: a fresh one
-        caller, save = _workers.caller_of(queue), queue.call_idx + 1
+        caller = _workers.caller_of(queue)
+        if _workers.abandoned(caller):  # NVRx 0.4.1 keeps a closed caller
+            _workers.forget_caller(queue, caller)  # as 0.5.0+ does: the save makes a fresh one
+            caller = _workers.caller_of(queue)
+        save = queue.call_idx + 1
         request = args[0] if args else kwargs["async_request"]
         process = _workers.process_of(caller)
         entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
