@@ -104,15 +104,19 @@ JOB = """
             seen = {{"pid": os.getpid(), "python": sys.executable,
                      "imported": "nvrx_ipc_fix" in sys.modules}}
             if steps:  # the real NVRx worker, spawned from this actor
-                from nvrx_ipc_fix.testing import scenario
-                with tempfile.TemporaryDirectory() as d:
-                    seen["scenario"] = scenario.run(steps, d, timeout=60, n_tensors=8,
-                                                    numel=512)
                 import gc
                 from multiprocessing.synchronize import SemLock
-                seen["semaphores"] = sorted(  # named while the NVRx queues live
-                    o._semlock.name for o in gc.get_objects()
-                    if isinstance(o, SemLock) and getattr(o._semlock, "name", None))
+                from nvrx_ipc_fix.testing import scenario
+                gc.disable()  # the run's queues are garbage after it: keep them to name them
+                try:
+                    with tempfile.TemporaryDirectory() as d:
+                        seen["scenario"] = scenario.run(steps, d, timeout=60, n_tensors=8,
+                                                        numel=512)
+                    seen["semaphores"] = sorted(  # named while the NVRx queues live
+                        o._semlock.name for o in gc.get_objects()
+                        if isinstance(o, SemLock) and getattr(o._semlock, "name", None))
+                finally:
+                    gc.enable()
             if seen["imported"]:
                 status = sys.modules["nvrx_ipc_fix"].status()
                 seen.update(source=status.source, requested_by=list(status.requested_by),
