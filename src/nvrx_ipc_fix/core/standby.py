@@ -28,7 +28,7 @@ from contextlib import contextmanager
 
 from . import config as _config, fork as _fork, state as _state
 from .detect import CORE
-from .log import logger
+from .log import hook_failed, logger
 from .monitor import stat_fields
 from .status import STANDBY_NOT_STARTED
 from .worker import WORKER_IMPORTS
@@ -85,7 +85,15 @@ def _alive(pid):
 
 
 def start():
-    """At a ``restart`` release: start the standby in a thread if none serves; never blocks."""
+    """At a ``restart`` release: start the standby in a thread if none serves; never blocks,
+    never raises (a defect here warns once, and NVRx spawns the workers)."""
+    try:
+        _start()
+    except Exception as exc:
+        hook_failed(__name__, exc)
+
+
+def _start():
     global _standby, _why
     if not _config.standby():
         _why = f"off ({_config.STANDBY}=off)"
@@ -181,7 +189,11 @@ def starting(core):
     """Around NVRx's ``_start_worker`` in ``prewarming``: yields the standby's pid if the
     worker is forked from it, else None (NVRx spawns it)."""
     with _lock:
-        standby = _usable() if _config.standby() else None
+        try:
+            standby = _usable() if _config.standby() else None
+        except Exception as exc:  # the package's defect: NVRx spawns, as without it
+            hook_failed(__name__, exc)
+            standby = None
         real = getattr(core, "mp", None)
         if standby is None or not callable(getattr(real, "get_context", None)):
             yield None

@@ -13,7 +13,8 @@ queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 ``terminate`` and ``restart`` (``nvrx_ipc_fix.release`` with that strategy), ``prewarm``
 (``nvrx_ipc_fix.prewarm``), ``ready`` (wait until the prewarmed worker answered; how long it
 took to start, its parent), ``standby`` (wait until the standby restart's workers are forked
-from is ready), ``kill-standby`` (SIGKILL it), ``env-change`` (set a variable), ``offloading-<strategy>`` (offload, measure and onload inside
+from is ready), ``kill-standby`` (SIGKILL it), ``env-change`` (set a variable),
+``offloading-<strategy>`` (offload, measure and onload inside
 ``nvrx_ipc_fix.offloading(strategy=...)``), ``kill-worker`` (SIGKILL the worker that
 would take the next save), ``stop-worker`` (SIGSTOP it), ``kill-worker-later`` (SIGKILL it a
 second later, from a thread), ``probe`` (ask the worker
