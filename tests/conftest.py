@@ -1,7 +1,8 @@
-"""Shared helpers: run code or a save scenario in a fresh interpreter, with a hard timeout.
+"""Shared helpers: run code or a save scenario in a process of its own, with a hard timeout.
 
 Everything that patches NVRx runs in a subprocess (hooks, patches and ``sys.modules``
-would otherwise leak between tests). Expectations per NVRx version live in ``EXPECT``.
+would otherwise leak between tests): a child of the zygote (``tests/zygote.py``: torch
+imported once) where that stands for a fresh interpreter, else a fresh interpreter. Expectations per NVRx version live in ``EXPECT``.
 The tox envs install the wheel, whose ``.pth`` activates the package at start-up; children
 run with ``NVRX_IPC_FIX_AUTO=0`` unless a test passes ``auto=True``, so that most tests see
 what ``import nvrx_ipc_fix`` does.
@@ -115,8 +116,14 @@ def _env(fix, auto, extra=None):
     return env
 
 
-def run_process(args, *, fix=True, auto=False, env=None, timeout=120):
-    """Run ``args`` in a new session; kill the whole group (worker included) on timeout."""
+def run_process(args, *, fix=True, auto=False, env=None, timeout=120, fresh=False):
+    """Run ``args`` in a new session; kill the whole group (worker included) on timeout. A
+    ``python -c``/``-m`` of this interpreter runs as a child of the zygote where that stands
+    for a fresh interpreter (``run_codes``), unless ``fresh`` (the test is about start-up)."""
+    code = None if fresh or not _forkable(fix, auto, env) else _as_code(args)
+    if code is not None:
+        return run_codes([code[0]], fix=fix, auto=auto, env=env, timeout=timeout,
+                         argv=code[1])[0]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(fix, auto, env), start_new_session=True)
     try:
@@ -128,15 +135,23 @@ def run_process(args, *, fix=True, auto=False, env=None, timeout=120):
     return proc.returncode, out, err
 
 
+def _as_code(args):
+    """``(code, argv)`` of ``[sys.executable, "-c", code, *argv]`` or ``[sys.executable, "-m",
+    module, *argv]`` (as ``runpy`` runs it); None for any other command."""
+    if len(args) < 3 or args[0] != sys.executable or args[1] not in ("-c", "-m"):
+        return None
+    if args[1] == "-c":
+        return textwrap.dedent(args[2]), list(args[3:])
+    code = f"import runpy; runpy.run_module({args[2]!r}, run_name='__main__', alter_sys=True)"
+    return code, list(args[3:])
+
+
 def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, env=None,
-               timeout=120, forked=False):
-    """Run ``code`` in a fresh interpreter (``forked``: a child of the zygote, where that
-    stands for one, ``run_code``); return its last stdout line parsed as JSON."""
-    if forked and python == sys.executable and not flags:
-        rc, out, err = run_code(code, fix=fix, auto=auto, env=env, timeout=timeout)
-    else:
-        rc, out, err = run_process([python, *flags, "-c", textwrap.dedent(code)], fix=fix,
-                                   auto=auto, env=env, timeout=timeout)
+               timeout=120, fresh=False):
+    """Run ``code`` in a fresh interpreter, or in what stands for one (``run_process``);
+    return its last stdout line parsed as JSON."""
+    rc, out, err = run_process([python, *flags, "-c", textwrap.dedent(code)], fix=fix,
+                               auto=auto, env=env, timeout=timeout, fresh=fresh)
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     return json.loads(out.strip().splitlines()[-1])
 
@@ -152,9 +167,9 @@ class Zygote:
         self._read(lambda: "ready" in self.lines[-1] if self.lines else False, 300)
         self.lines.clear()
 
-    def start(self, code, env, out, err):
-        request = {"code": textwrap.dedent(code), "env": env, "cwd": os.getcwd(), "out": out,
-                   "err": err}
+    def start(self, code, env, out, err, argv=()):
+        request = {"code": textwrap.dedent(code), "argv": list(argv), "env": env,
+                   "cwd": os.getcwd(), "out": out, "err": err}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         self._read(lambda: any("rc" not in line for line in self.lines), 60)
@@ -205,21 +220,27 @@ _zygote = []  # the session's Zygote, started on first use
 
 def run_code(code, *, fix=True, auto=False, env=None, timeout=120):
     """``run_process([python, "-c", code], ...)``'s result from a child of the zygote (which
-    has torch and NVRx imported), where it stands for a fresh interpreter: start-up
-    activation off (``auto``) and no ``PYTHON*`` variable of the child's own; else from a
-    fresh interpreter."""
+    has torch imported), where it stands for a fresh interpreter (``_forkable``); else from
+    a fresh interpreter."""
     return run_codes([code], fix=fix, auto=auto, env=env, timeout=timeout)[0]
 
 
-def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120):
-    """``run_code`` for each of ``codes``, all running at once (ranks of one job); their
-    ``(returncode, stdout, stderr)``. One still running after ``timeout`` seconds is killed
-    with its workers and fails the test."""
+def _forkable(fix, auto, env):
+    """Does a child of the zygote stand for a fresh interpreter with this environment? Not on
+    a GPU, not with start-up activation (``auto``), not with a ``PYTHON*`` variable of the
+    child's own."""
+    startup = {k: v for k, v in _env(fix, auto, env).items() if k.startswith("PYTHON")}
+    return not GPU and not auto and startup == {k: v for k, v in _env(fix, False).items()
+                                                if k.startswith("PYTHON")}
+
+
+def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120, argv=()):
+    """``run_code`` for each of ``codes``, all running at once (ranks of one job), each with
+    ``sys.argv[1:]`` ``argv``; their ``(returncode, stdout, stderr)``. One still running
+    after ``timeout`` seconds is killed with its workers and fails the test."""
     child_env = _env(fix, auto, env)
-    startup = {k: v for k, v in child_env.items() if k.startswith("PYTHON")}
-    if GPU or auto or startup != {k: v for k, v in _env(fix, False).items()
-                                  if k.startswith("PYTHON")}:
-        return _run_fresh(codes, fix=fix, auto=auto, env=env, timeout=timeout)
+    if not _forkable(fix, auto, env):
+        return _run_fresh(codes, fix=fix, auto=auto, env=env, timeout=timeout, argv=argv)
     import tempfile
     import time
 
@@ -228,7 +249,8 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120):
     with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-child-") as scratch:
         files = [(os.path.join(scratch, f"out{i}"), os.path.join(scratch, f"err{i}"))
                  for i in range(len(codes))]
-        pids = [_zygote[0].start(code, child_env, *paths) for code, paths in zip(codes, files)]
+        pids = [_zygote[0].start(code, child_env, *paths, argv=argv)
+                for code, paths in zip(codes, files)]
         deadline, codes_out = time.monotonic() + timeout, []
         for pid in pids:
             rc = _zygote[0].wait(pid, max(0.0, deadline - time.monotonic()))
@@ -252,8 +274,8 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120):
     return results
 
 
-def _run_fresh(codes, *, fix, auto, env, timeout):
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+def _run_fresh(codes, *, fix, auto, env, timeout, argv=()):
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *argv],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=_env(fix, auto, env), start_new_session=True)
              for code in codes]

@@ -236,7 +236,7 @@ INTERRUPTED = """
 @needs_cache
 @pytest.mark.worker
 def test_release_interrupted_at_each_step_leaves_the_next_save_correct():
-    seen = run_python(INTERRUPTED, timeout=400, forked=True)
+    seen = run_python(INTERRUPTED, timeout=400)
     for label in ("finalizing pending saves", "forgetting the keys", "sending the request",
                   "waiting for the answer", "cleaning up after it", "after timeout=inf",
                   "after another thread's release"):

@@ -198,7 +198,7 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
         out["same_worker"] = t.queue.persistent_caller is caller
         t.close()
         print(json.dumps(out))
-    """, timeout=180, forked=True)
+    """, timeout=180)
     assert result["interrupted"] and result["pending"] == 1, result
     kind, lost, text = result["error"]
     assert kind == "CheckpointWorkerError" and lost == [1], result
@@ -308,7 +308,7 @@ def test_mcore_a_closed_caller_collected_later_leaves_the_next_worker_alone():
         out["stale"] = t.stale_tensors(path, version)
         t.close()
         print(json.dumps(out))
-    """, timeout=180, forked=True)
+    """, timeout=180)
     assert result == {"kept": True, "queues": True, "error": "CheckpointWorkerError",
                       "stale": 0}, result
 

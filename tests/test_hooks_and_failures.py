@@ -18,7 +18,7 @@ def test_import_imports_neither_torch_nor_nvrx_nor_wrapt(tmp_path):
     loaded = run_python(f"""
         import sys, json, nvrx_ipc_fix
         print(json.dumps([m for m in {heavy!r} if m in sys.modules]))
-    """)
+    """, fresh=True)  # what a fresh interpreter imports: not a child of the zygote
     assert loaded == []
 
 
@@ -95,7 +95,7 @@ def test_failing_cleanup_leaves_close_working_and_reports_error():
                                        if r.levelno == logging.WARNING],
                           "shown": [[w.category.__name__, str(w.message), w.lineno == line]
                                     for w in caught]}))
-    """, forked=True)
+    """)
     assert result["closed"]
     assert result["state"] == "error" and "boom" in result["reason"]
     assert len(result["warnings"]) == 1 and "boom" in result["warnings"][0]
@@ -121,7 +121,7 @@ def test_unknown_shape_is_left_unpatched_with_the_reason():
                   if t.fix == "clear_on_close" and t.target.endswith(".close")][0]
         print(json.dumps({"state": str(target.state), "reason": target.reason,
                           "untouched": core.PersistentAsyncCaller.__dict__["close"] is close}))
-    """, forked=True)
+    """)
     assert result["state"] == "unsupported" and result["untouched"]
     assert "('self', 'force')" in result["reason"]
 
@@ -146,7 +146,7 @@ def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change,
         print(json.dumps({{"state": str(fix.state), "reason": fix.reason,
                           "untouched": core.AsyncCallsQueue.__dict__["schedule_async_request"]
                                        is schedule}}))
-    """, forked=True)
+    """)
     assert result["state"] == state and result["untouched"], result
     assert ("PR #6971" if state == "fixed_upstream" else "_ActiveAsyncRequest") in result["reason"]
 

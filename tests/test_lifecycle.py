@@ -1,5 +1,6 @@
-"""Every order of import / activate / deactivate, each in a fresh interpreter, against the
-real NVRx classes: patched exactly once, restored exactly, ``status()`` true in each state.
+"""Every order of import / activate / deactivate, each in a process of its own that has
+imported neither NVRx nor the package (``conftest.run_python``), against the real NVRx
+classes: patched exactly once, restored exactly, ``status()`` true in each state.
 
 Each run checks the state after every step, so the maximal sequences cover their prefixes.
 """

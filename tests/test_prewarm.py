@@ -236,7 +236,7 @@ EDGES = """
 
 @pytest.fixture(scope="module")
 def edges():
-    return run_python(EDGES, timeout=180)  # NVRx not imported at first: a fresh interpreter
+    return run_python(EDGES, timeout=180)  # NVRx not imported at first (conftest.run_python)
 
 
 def test_prewarm_refuses_what_is_not_a_queue(edges):

@@ -99,7 +99,7 @@ def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
             t.close()  # NVRx 0.6.0 hangs at exit after an abort without this, fix or not
             print(json.dumps({"error": report.error, "took": took,
                               "terminated": report.worker_terminated, "stale_after": stale}))
-    """, timeout=240, forked=True)
+    """, timeout=240)
     assert "did not answer within 2 s and was terminated" in result["error"]
     assert result["terminated"] and result["took"] < 45
     assert result["stale_after"] == 0
@@ -141,7 +141,7 @@ def test_release_with_no_queue_says_so_and_counts_no_cleanup():
         print(json.dumps({"skipped": list(r.skipped), "released": r.queues_released,
                           "again": [again.queues_released, again.keys_cleared],
                           "counted": [s.cleanups, s.releases]}))
-    """, forked=True)
+    """)
     assert result["released"] == 0
     assert result["skipped"] in (["queues: no live AsyncCallsQueue"],
                                  ["all: this NVRx has no worker cache"])

@@ -71,7 +71,7 @@ RESET = """
 @needs_cache
 @pytest.mark.worker
 def test_reset_returns_every_record_to_its_value_at_import():
-    seen = run_python(RESET, timeout=240, forked=True)
+    seen = run_python(RESET, timeout=240)
     used, reset, again = seen["used"], seen["reset"], seen["again"]
     assert seen["before"] == [0, 0]
     assert used["active"] and used["wrapped"] and used["totals"]["releases"] == 1

@@ -109,7 +109,7 @@ def test_the_setting_off_starts_no_standby(value):
         from nvrx_ipc_fix.core import standby
         standby.start()
         print(json.dumps([forkserver._forkserver._forkserver_pid, nvrx_ipc_fix.status().standby]))
-    """, env={"NVRX_IPC_FIX_STANDBY": value}, forked=True)
+    """, env={"NVRX_IPC_FIX_STANDBY": value})
     assert pid is None and status.startswith("off (NVRX_IPC_FIX_STANDBY=off)"), status
 
 
@@ -120,5 +120,5 @@ def test_a_forkserver_started_by_other_code_is_not_used():
         multiprocessing.get_context("forkserver").Process().start()
         standby.start()
         print(json.dumps(nvrx_ipc_fix.status().standby))
-    """, forked=True)
+    """)
     assert "was started by other code: NVRx spawns the workers" in status, status

@@ -94,8 +94,7 @@ WORDS = {"async_fn raises": "injected fault in the worker's async_fn",
 
 def contract(impl, fix=True):
     code = CONTRACT + "\n"
-    return run_python(code.replace("sys.argv[1]", repr(impl)), fix=fix, timeout=240,
-                      forked=True)
+    return run_python(code.replace("sys.argv[1]", repr(impl)), fix=fix, timeout=240)
 
 
 @pytest.mark.parametrize("impl", [

@@ -1,21 +1,23 @@
-"""A process that has imported torch and NVRx's checkpointing once, and forks a child for each
-test child that would otherwise be a fresh interpreter importing them again (about 8 s of a
-2-core VM's CPU each). ``conftest.py`` uses it where the child's start-up is not what the
-test is about: the same Python, no interpreter flags, no start-up activation, and no
-``PYTHON*`` variable of the child's own (those act at an interpreter's start).
+"""A process that has imported torch once, and forks a child for each test child that would
+otherwise be a fresh interpreter importing it again (about 8 s of a 2-core VM's CPU each).
+``conftest.py`` uses it where the child's start-up is not what the test is about: the same
+Python, no interpreter flags, no start-up activation, and no ``PYTHON*`` variable of the
+child's own (those act at an interpreter's start).
 
 A forked child is a ``python -c`` as far as the code it runs can tell: ``__main__`` is a
 fresh module without a file (so a spawned child imports no main module), ``sys.argv`` is
-``["-c"]``, ``sys.path[0]`` is ``""``, the environment and working directory are the test's,
-its output goes to the test's files, and it ends as the interpreter's exit does but for
+``["-c", ...]``, ``sys.path[0]`` is ``""``, the environment and working directory are the
+test's, its output goes to the test's files, and it ends as the interpreter's exit does but for
 the module teardown (``_exit``). It leads a new session, so that a test's timeout
-kills its whole group. The zygote itself never imports ``nvrx_ipc_fix`` (it runs with
-start-up activation off): each child activates, or not, as a fresh interpreter would, only
-later than NVRx's import, which the package supports (it patches what is imported).
+kills its whole group. The zygote imports neither NVRx (0.04 s after torch) nor
+``nvrx_ipc_fix`` (it runs with start-up activation off): each child imports them in the
+order its code does, as a fresh interpreter would. The preloaded heap is frozen
+(``gc.freeze``): the children's collections do not walk, and so do not copy, torch's objects.
 
-Protocol, one JSON object per line: request ``{"code", "env", "cwd", "out", "err"}`` on
-stdin; replies ``{"pid"}`` once the child runs and ``{"pid", "rc"}`` once it exited (``rc``
-as ``subprocess``'s ``returncode``). Children run concurrently (two ranks of a test).
+Protocol, one JSON object per line: request ``{"code", "argv", "env", "cwd", "out",
+"err"}`` on stdin (the child's ``sys.argv`` is ``["-c", *argv]``); replies ``{"pid"}`` once
+the child runs and ``{"pid", "rc"}`` once it exited (``rc`` as ``subprocess``'s
+``returncode``). Children run concurrently (two ranks of a test).
 """
 
 import builtins
@@ -25,20 +27,20 @@ import select
 import sys
 import types
 
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch.multiprocessing",
-           "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
-           "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async",
-           "nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver")
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch.multiprocessing")
 
 
 def main():
+    import gc
     import importlib
 
     for name in PRELOAD:
         try:
             importlib.import_module(name)
-        except ImportError:  # not in this env (no NVRx): the children import what they need
+        except ImportError:  # not in this env (no torch): the children import what they need
             pass
+    gc.collect()
+    gc.freeze()
     _reply({"ready": True})
     running, buffer = set(), b""
     while True:
@@ -87,7 +89,7 @@ def _child(request):
     main_module = types.ModuleType("__main__")
     main_module.__builtins__ = builtins
     sys.modules["__main__"] = main_module
-    sys.argv, sys.path[0] = ["-c"], ""
+    sys.argv, sys.path[0] = ["-c", *request.get("argv", ())], ""
     import tempfile
 
     tempfile.tempdir = None  # read TMPDIR again
