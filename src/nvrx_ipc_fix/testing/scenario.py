@@ -118,13 +118,15 @@ def start_workers_from_forkserver(core):
     forkserver instead of a fresh interpreter each, which imports torch and NVRx again
     (3.5 s of a 2-core VM's CPU): NVRx asks ``mp.get_context("spawn")`` for each; both
     pickle what they send the same way. The server is forked from this process now, before it
-    has a thread of its own, so it has torch and NVRx already (``_fork_server``). For tests
-    whose subject is not the cold start."""
+    has a thread of its own, so it has torch and NVRx already (``_fork_server``), their
+    writer's module too (its ``torch.distributed.checkpoint``: 1.6 s of CPU in each worker
+    otherwise). For tests whose subject is not the cold start."""
     import importlib
 
     import torch.multiprocessing as mp
 
     server = mp.get_context("forkserver")
+    writer = importlib.import_module(FS)
     _fork_server()
 
     class Contexts:
@@ -135,7 +137,7 @@ def start_workers_from_forkserver(core):
         def get_context(method=None):
             return server if method == "spawn" else mp.get_context(method)
 
-    for module in (core, importlib.import_module(FS)):
+    for module in (core, writer):
         module.mp = Contexts()
 
 
@@ -144,7 +146,9 @@ def _fork_server():
     interpreter: ``ensure_running`` as it is, but its ``spawnv_passfds`` forks and runs the
     server's ``main`` on the two descriptors it passes (the listening socket, the read end of
     the "alive" pipe), every other descriptor but the resource tracker's closed there, as
-    the spawn would. The resource tracker is started first, as multiprocessing starts it."""
+    the spawn would. The resource tracker is started first, as multiprocessing starts it. The
+    server freezes the heap it inherited (``gc.freeze``), so that the workers' collections
+    neither walk nor copy torch's objects."""
     from multiprocessing import forkserver, resource_tracker, util
 
     tracker = resource_tracker.getfd()  # started as it is (spawned), before spawnv is replaced
@@ -160,6 +164,7 @@ def _fork_server():
                             os.close(fd)
                         except OSError:
                             pass
+                gc.freeze()
                 forkserver.main(*passfds, [])
             finally:
                 os._exit(0)
