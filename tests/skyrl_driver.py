@@ -289,6 +289,10 @@ def main(argv):
     rank, steps = args.rank, args.steps
     directory = args.dir or tempfile.mkdtemp(prefix="skyrl-")
     fakecuda.install()
+    # NVRx's workers from a forkserver forked from this rank, before it has a thread: a
+    # spawned one would import torch, megatron-core and SkyRL again (this script is its
+    # main module); the start is not what these tests are about
+    scenario.start_workers_from_forkserver(sys.modules[ms.AsyncCallsQueue.__module__])
     ms.AsyncCallsQueue = CpuQueue  # before MegatronStrategy makes its first queue
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
                             init_method=f"file://{directory}/pg")

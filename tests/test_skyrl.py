@@ -11,16 +11,12 @@ installed there)."""
 import importlib.util
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from conftest import _env
+from conftest import run_codes
 
 try:
     SKYRL = metadata.version("skyrl")
@@ -45,33 +41,22 @@ BOUND = 10.0  # seconds: the save whose finalize raises (detection takes about o
 
 
 def drive(steps, directory, fix=True, timeout=240):
-    """Run the driver on ``RANKS`` ranks meeting in ``directory``; their reports, by rank.
-    The driver's watchdog reports a hang; this backstop kills every rank's process group
-    (workers included) if that fails too."""
-    procs, logs = [], []
-    for rank in range(RANKS):
-        out, err = (open(os.path.join(directory, f"rank{rank}.{kind}"), "w+")
-                    for kind in ("out", "err"))
-        logs.append((out, err))
-        procs.append(subprocess.Popen(
-            [sys.executable, DRIVER, "--rank", str(rank), "--world-size", str(RANKS),
-             "--dir", str(directory), *steps], stdout=out, stderr=err, text=True,
-            env=_env(fix, auto=False), start_new_session=True))
-    deadline = time.monotonic() + timeout
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail(f"{steps} still running after {timeout} s (backstop)")
+    """Run the driver on ``RANKS`` ranks meeting in ``directory``, as children of the zygote
+    where they can be (``conftest.run_codes``: torch imported once; the driver's NVRx
+    workers start from a forkserver); their reports, by rank. The driver's watchdog reports
+    a hang; this backstop kills every rank's process group (workers included) if that fails
+    too."""
+    codes = [f"""
+        import runpy, sys
+        sys.argv[1:] = {["--rank", str(rank), "--world-size", str(RANKS), "--dir",
+                         str(directory), *steps]!r}
+        sys.path[0] = {os.path.dirname(DRIVER)!r}  # as for a script: the tests' directory
+        runpy.run_path({DRIVER!r}, run_name="__main__")
+    """ for rank in range(RANKS)]
+    results = run_codes(codes, fix=fix, timeout=timeout)
     reports = []
-    for rank, (proc, (out, err)) in enumerate(zip(procs, logs)):
-        out.seek(0), err.seek(0)
-        text, errors = out.read(), err.read()
-        out.close(), err.close()
-        assert proc.returncode == 0, f"rank {rank}: exit {proc.returncode}\n{errors[-3000:]}"
+    for rank, (rc, text, errors) in enumerate(results):
+        assert rc == 0, f"rank {rank}: exit {rc}\n{errors[-3000:]}"
         report = json.loads(text.strip().splitlines()[-1])
         # the children import the package these tests import (tox: the installed wheel)
         assert report["package"] == PACKAGE, (report["package"], PACKAGE)
