@@ -104,19 +104,23 @@ JOB = """
             seen = {{"pid": os.getpid(), "python": sys.executable,
                      "imported": "nvrx_ipc_fix" in sys.modules}}
             if steps:  # the real NVRx worker, spawned from this actor
-                import gc
-                from multiprocessing.synchronize import SemLock
+                from multiprocessing import resource_tracker
                 from nvrx_ipc_fix.testing import scenario
-                gc.disable()  # the run's queues are garbage after it: keep them to name them
+                named, register = [], resource_tracker.register
+
+                def recording(name, rtype):  # each named semaphore the run makes
+                    if rtype == "semaphore":
+                        named.append(name)
+                    return register(name, rtype)
+
+                resource_tracker.register = recording  # SemLock looks it up at each call
                 try:
                     with tempfile.TemporaryDirectory() as d:
                         seen["scenario"] = scenario.run(steps, d, timeout=60, n_tensors=8,
                                                         numel=512)
-                    seen["semaphores"] = sorted(  # named while the NVRx queues live
-                        o._semlock.name for o in gc.get_objects()
-                        if isinstance(o, SemLock) and getattr(o._semlock, "name", None))
                 finally:
-                    gc.enable()
+                    resource_tracker.register = register
+                seen["semaphores"] = sorted(set(named))
             if seen["imported"]:
                 status = sys.modules["nvrx_ipc_fix"].status()
                 seen.update(source=status.source, requested_by=list(status.requested_by),
