@@ -359,6 +359,54 @@ def scenario_ranks(steps, directory, *, world_size=2, timeout=60, fix=True, env=
     return reports
 
 
+# -- parallel runs (pytest-xdist, --dist loadgroup) ---------------------------------------------
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Tests that share a fixture of a test module wider than a test (one module's scenario
+    run, a session's venv) run on one xdist worker, so that it is set up once: each gets the
+    ``xdist_group`` of such fixtures (tests sharing any of them, one group). pytest's own
+    (``tmp_path_factory``) are cheap and shared by most tests: not grouped."""
+    parent = {}
+
+    def root(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    shared = {}
+    for item in items:
+        info, keys = getattr(item, "_fixtureinfo", None), []
+        for name, defs in (info.name2fixturedefs.items() if info else ()):
+            if defs and defs[-1].scope != "function" and defs[-1].baseid.endswith(".py"):
+                callspec = getattr(item, "callspec", None)
+                index = callspec.indices.get(name, "") if callspec else ""
+                keys.append(f"{defs[-1].baseid}::{name}{index}")
+        for key in keys[1:]:
+            parent[root(key)] = root(keys[0])
+        shared[item] = keys
+    for item, keys in shared.items():
+        if keys:
+            item.add_marker(pytest.mark.xdist_group(root(keys[0])))
+
+
+def _check_loadgroup(config):
+    """pytest-xdist's loadgroup groups an item by appending ``@<group>`` to its ``_nodeid``;
+    stop where ``nodeid`` does not read that (pytest 9.2: requirements/test.txt) rather than
+    set up a module's run on every worker."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    probe = object.__new__(pytest.Function)
+    probe._nodeid = "probe@group"
+    try:
+        grouped = probe.nodeid == "probe@group"
+    except AttributeError:
+        grouped = False
+    if not grouped:
+        raise pytest.UsageError(f"pytest-xdist's --dist loadgroup cannot group tests on "
+                                f"pytest {pytest.__version__}: see requirements/test.txt")
+
+
 # -- what the tests cost (tests/costs.py) ------------------------------------------------------
 
 _durations = {}  # test id -> seconds (setup, call and teardown)
@@ -367,6 +415,7 @@ _own_costs_file = None  # the records' file this session made (removed at its en
 
 def pytest_configure(config):
     global _own_costs_file
+    _check_loadgroup(config)
     if costs.installed() and not os.environ.get(costs.VARIABLE):
         import tempfile
 
@@ -381,7 +430,10 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     """The slowest tests with what they started, and the outcome counts; also written to
-    ``$NVRX_TESTS_SUMMARY`` (tox: each env's, which scripts/test prints at the end)."""
+    ``$NVRX_TESTS_SUMMARY`` (tox: each env's, which scripts/test prints at the end). By the
+    controlling process only, under xdist (a worker's own would count its share)."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
     path = os.environ.get(costs.VARIABLE)
     counts = ", ".join(f"{len(terminalreporter.stats.get(key, []))} {key}"
                        for key in ("passed", "failed", "error", "skipped")
