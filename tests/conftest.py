@@ -86,15 +86,12 @@ def expect(key):
     return EXPECT[NVRX][key]
 
 
-@pytest.fixture(autouse=True)
-def _children_temp_directory():
-    """Each test's children (and theirs: NVRx's workers, multiprocessing's ``pymp-*``) keep
-    their temporary files (checkpoints, process-group files) in a directory of the test's
-    own, short enough for a manager's socket below it, removed after the test."""
+def _temp_directory(prefix):
+    """A new directory as ``TMPDIR`` until the generator ends, then removed."""
     import shutil
     import tempfile
 
-    path, before = tempfile.mkdtemp(prefix="nvrx-t-"), os.environ.get("TMPDIR")
+    path, before = tempfile.mkdtemp(prefix=prefix), os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = path
     try:
         yield path
@@ -104,6 +101,21 @@ def _children_temp_directory():
         else:
             os.environ["TMPDIR"] = before
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_temp_directory():
+    """The same for the children of module- and session-scoped fixtures, which are set up
+    before a test's own directory exists: one directory, removed at the session's end."""
+    yield from _temp_directory("nvrx-s-")
+
+
+@pytest.fixture(autouse=True)
+def _children_temp_directory():
+    """Each test's children (and theirs: NVRx's workers, multiprocessing's ``pymp-*``) keep
+    their temporary files (checkpoints, process-group files) in a directory of the test's
+    own, short enough for a manager's socket below it, removed after the test."""
+    yield from _temp_directory("nvrx-t-")
 
 
 def _env(fix, auto, extra=None):
