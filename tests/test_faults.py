@@ -137,7 +137,10 @@ def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault
     assert [entry["level"] for entry in mine] == ["ERROR", "WARNING"], every_fault["log"]
     error, recovered = mine
     assert "the finalize of save #" in error["message"] and "made progress" in error["message"]
-    assert 1 <= recovered["t"] - error["t"] <= 5  # stopped 6 s, reported after the 3 s bound
+    # reported in the 6 s the worker was stopped, not before the 3 s bound (less one tick:
+    # the last progress seen may be a tick older than the stop), recovered after the SIGCONT
+    stopped, continued = stop["stopped"]
+    assert stopped + 3 - 1 <= error["t"] < continued <= recovered["t"], (stop, mine)
     assert "ended after" in recovered["message"] or "progress again" in recovered["message"]
 
 

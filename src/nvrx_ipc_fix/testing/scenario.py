@@ -30,7 +30,9 @@ code, how long its exit took, its stderr, and whether it hung), ``fork-close-exi
 child closes the queue it inherited first, as NVRx's ``__del__`` does when the queue is
 collected) and ``sleep<seconds>``. A fault step, and a ``finalize`` step that raises, reports
 what was raised, by which call, which saves the error names as not saved, what is still
-pending after it, and what one more finalize then raises (nothing, by the protocol). Any step
+pending after it, and what one more finalize then raises (nothing, by the protocol); a
+``fault-stop`` also when its worker was seen stopped and when it was sent SIGCONT
+(``stopped``, on the clock of the log lines' ``t``). Any step
 but a fault, written ``<step>@<rank>``, runs on that rank only; written ``<step>?``, it may
 raise (a call the package finalizes in), and ``calls`` reports what it raised; written
 ``<step>#<name>``, its entry in the report (a save, a fault, a call...) is also
@@ -201,6 +203,7 @@ class Trainer:
         self.numel = numel
         self.names = [f"rank{rank}.layer{i}.weight" for i in range(n_tensors)]
         self.pending = []  # (path, version) of saves scheduled but not finalized
+        self.stop_window = [None, None]  # fault-stop's (see _continue_worker)
         self.owns_group = not dist.is_initialized()  # run() destroys the group it made
         if self.owns_group:
             if self.cuda:
@@ -382,10 +385,13 @@ class Trainer:
         """SIGCONT the worker ``STOP_SECONDS`` after it stopped itself (timed from the stop,
         so that a slow save's handshake on a loaded machine does not shorten the stall)."""
         deadline = time.monotonic() + limit
+        self.stop_window = [None, None]  # when it was seen stopped, when SIGCONT was sent
         while time.monotonic() < deadline and not _stopped(self.worker()):
             time.sleep(0.05)
+        self.stop_window[0] = time.monotonic()
         time.sleep(STOP_SECONDS)
         worker = self.worker()
+        self.stop_window[1] = time.monotonic()  # before: nothing after it can precede it
         if worker is not None and worker.pid:
             os.kill(worker.pid, signal.SIGCONT)
 
@@ -758,6 +764,9 @@ def _fault(trainer, report, index, step, rank):
     try:
         blocked, total, _, _ = trainer.save(wait=wait, fault=kind if mine else None)
         report["saves"][-1].update(blocked_s=round(blocked, 4), total_s=total and round(total, 4))
+        if kind == "stop" and mine:  # on the log lines' clock
+            outcome["stopped"] = [None if at is None else round(at - _log_start[0], 2)
+                                  for at in trainer.stop_window]
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException
@@ -835,9 +844,12 @@ def _describe(exc):
             "failed_ranks": list(getattr(exc, "failed_ranks", ()) or ())}
 
 
+_log_start = [time.monotonic()]  # the clock of the log lines' "t" (seconds since this)
+
+
 def _capture_log(records):
     """Collect the package's WARNING and ERROR lines into ``records``."""
-    start = time.monotonic()
+    _log_start[0] = start = time.monotonic()
 
     class Keep(logging.Handler):
         def emit(self, record):
