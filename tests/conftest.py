@@ -2,7 +2,8 @@
 
 Everything that patches NVRx runs in a subprocess (hooks, patches and ``sys.modules``
 would otherwise leak between tests): a child of the zygote (``tests/zygote.py``: torch
-imported once) where that stands for a fresh interpreter, else a fresh interpreter. Expectations per NVRx version live in ``EXPECT``.
+imported once) where that stands for a fresh interpreter, else a fresh interpreter.
+Expectations per NVRx version live in ``EXPECT``.
 The tox envs install the wheel, whose ``.pth`` activates the package at start-up; children
 run with ``NVRX_IPC_FIX_AUTO=0`` unless a test passes ``auto=True``, so that most tests see
 what ``import nvrx_ipc_fix`` does.
@@ -153,7 +154,7 @@ def _as_code(args):
     if len(args) < 3 or args[0] != sys.executable or args[1] not in ("-c", "-m"):
         return None
     if args[1] == "-c":
-        return textwrap.dedent(args[2]), list(args[3:])
+        return args[2], list(args[3:])  # dedented where it runs (Zygote.start)
     code = f"import runpy; runpy.run_module({args[2]!r}, run_name='__main__', alter_sys=True)"
     return code, list(args[3:])
 

@@ -203,7 +203,7 @@ class Trainer:
         self.numel = numel
         self.names = [f"rank{rank}.layer{i}.weight" for i in range(n_tensors)]
         self.pending = []  # (path, version) of saves scheduled but not finalized
-        self.stop_window = [None, None]  # fault-stop's (see _continue_worker)
+        self.stop_window = [None, None]  # fault-stop's: worker seen stopped, SIGCONT sent
         self.owns_group = not dist.is_initialized()  # run() destroys the group it made
         if self.owns_group:
             if self.cuda:
@@ -385,7 +385,6 @@ class Trainer:
         """SIGCONT the worker ``STOP_SECONDS`` after it stopped itself (timed from the stop,
         so that a slow save's handshake on a loaded machine does not shorten the stall)."""
         deadline = time.monotonic() + limit
-        self.stop_window = [None, None]  # when it was seen stopped, when SIGCONT was sent
         while time.monotonic() < deadline and not _stopped(self.worker()):
             time.sleep(0.05)
         self.stop_window[0] = time.monotonic()
