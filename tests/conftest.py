@@ -159,6 +159,15 @@ def _as_code(args):
     return code, list(args[3:])
 
 
+def last_json(out):
+    """The last line of a child's stdout that is a JSON document, parsed: a log line NVRx
+    writes as its worker's caller is collected at exit may follow the child's report (a
+    logging set-up of megatron-core's writes INFO lines to stdout)."""
+    lines = [line for line in out.strip().splitlines() if line.startswith(("{", "["))]
+    assert lines, f"no JSON line in the child's stdout:\n{out[-3000:]}"
+    return json.loads(lines[-1])
+
+
 def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, env=None,
                timeout=120, fresh=False):
     """Run ``code`` in a fresh interpreter, or in what stands for one (``run_process``);
@@ -166,7 +175,7 @@ def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, e
     rc, out, err = run_process([python, *flags, "-c", textwrap.dedent(code)], fix=fix,
                                auto=auto, env=env, timeout=timeout, fresh=fresh)
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
-    return json.loads(out.strip().splitlines()[-1])
+    return last_json(out)
 
 
 class Zygote:
@@ -341,7 +350,7 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     rc, out, err = run_code(code, fix=fix, auto=auto, env=env,
                             timeout=timeout * 2 + 30 * len(steps))
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
-    report = json.loads(out.strip().splitlines()[-1])
+    report = last_json(out)
     report["cache_miss"] = "Worker cache miss" in err
     report["stderr"] = err[-3000:]
     return report
@@ -366,7 +375,7 @@ def scenario_ranks(steps, directory, *, world_size=2, timeout=60, fix=True, env=
     reports = []
     for rc, out, err in run_codes(codes, fix=fix, env=env, timeout=backstop):
         assert rc == 0, err[-3000:]
-        report = json.loads(out.strip().splitlines()[-1])
+        report = last_json(out)
         report["stderr"] = err[-3000:]
         reports.append(report)
     return reports

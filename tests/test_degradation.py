@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_cache, run_process, run_python, scenario
+from conftest import last_json, needs_cache, run_process, run_python, scenario
 
 pytestmark = needs_cache
 
@@ -92,7 +92,7 @@ IMPORT_LINE = 3  # CHILD's line that imports NVRx: where the warnings must point
 def child(env, flags=()):
     rc, out, err = run_process([sys.executable, *flags, "-c", CHILD], env=env)
     assert rc == 0, f"exit {rc}\n{out[-3000:]}\n{err[-3000:]}"
-    return json.loads(out.strip().splitlines()[-1]), err
+    return last_json(out), err
 
 
 def fixes(seen):
@@ -211,7 +211,7 @@ lines = []""")
     rc, out, err = run_process([sys.executable, "-W", "error::RuntimeWarning", "-c", code],
                                env=renamed)
     assert rc == 0, err[-3000:]
-    seen = json.loads(out.strip().splitlines()[-1])
+    seen = last_json(out)
     assert "Traceback" not in err, err
     assert err.count("nvrx_ipc_fix: worker_watch") == 1, err
     assert err.count("boom") == 1, err

@@ -12,8 +12,8 @@ import tempfile
 
 import pytest
 
-from conftest import (NVRX, expect, lacks, needs_cache, needs_nvrx, needs_warmup, pth_installed,
-                      run_process, run_python)
+from conftest import (NVRX, expect, lacks, last_json, needs_cache, needs_nvrx, needs_warmup,
+                      pth_installed, run_process, run_python)
 
 NAN, INF = "nan", "inf"
 
@@ -360,7 +360,7 @@ def test_a_warning_names_the_callers_line_not_ours(tmp_path):
     rc, out, err = run_process([sys.executable, str(script), "queue" if queue else "-"],
                                env={"NVRX_IPC_FIX_LOG_LEVEL": "loud"})
     assert rc == 0, err
-    caught = json.loads(out.strip().splitlines()[-1])
+    caught = last_json(out)
     wanted = {"NVRX_IPC_FIX_LOG_LEVEL": "import", "NVRX_IPC_FIX_STRATEGY": "release",
               "NVRX_IPC_FIX_RELEASE_TIMEOUT": "release"}
     if queue:

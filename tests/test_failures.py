@@ -1,7 +1,6 @@
 """Each failure reproduces without the package (where the NVRx version has it) and is gone
 with it, on the real NVRx worker; checkpoints are compared value by value after every save."""
 
-import json
 import os
 import shutil
 import sys
@@ -9,7 +8,8 @@ import tempfile
 
 import pytest
 
-from conftest import expect, needs_cache, needs_nvrx, pth_installed, run_process, scenario
+from conftest import (expect, last_json, needs_cache, needs_nvrx, pth_installed, run_process,
+                      scenario)
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -127,7 +127,7 @@ def test_the_hang_exit_leaves_no_temp_directory():
                                     "2", "--numel", "256"], fix=False, env={"TMPDIR": tmp},
                                    timeout=240)
         assert rc == 0, err[-3000:]
-        assert (json.loads(out.strip().splitlines()[-1])["hang"] is not None) == expect("hang")
+        assert (last_json(out)["hang"] is not None) == expect("hang")
         assert os.listdir(tmp) == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

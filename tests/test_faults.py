@@ -137,10 +137,12 @@ def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault
     assert [entry["level"] for entry in mine] == ["ERROR", "WARNING"], every_fault["log"]
     error, recovered = mine
     assert "the finalize of save #" in error["message"] and "made progress" in error["message"]
-    # reported in the 6 s the worker was stopped, not before the 3 s bound (less one tick:
-    # the last progress seen may be a tick older than the stop), recovered after the SIGCONT
-    stopped, continued = stop["stopped"]
-    assert stopped + 3 - 1 <= error["t"] < continued <= recovered["t"], (stop, mine)
+    # reported while the worker was stopped (6 s, from when the harness saw it stopped: later
+    # than the stop itself on a loaded machine), recovered after the SIGCONT, and not so
+    # early that the 3 s bound cannot have passed: at most 5 s before the recovery
+    _, continued = stop["stopped"]
+    assert error["t"] < continued <= recovered["t"], (stop, mine)
+    assert recovered["t"] - error["t"] <= 5, mine
     assert "ended after" in recovered["message"] or "progress again" in recovered["message"]
 
 

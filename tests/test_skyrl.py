@@ -9,14 +9,13 @@ gives back every value saved, on every rank. Runs in the megatron tox env (skyrl
 installed there)."""
 
 import importlib.util
-import json
 import os
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from conftest import run_codes
+from conftest import last_json, run_codes
 
 try:
     SKYRL = metadata.version("skyrl")
@@ -57,7 +56,7 @@ def drive(steps, directory, fix=True, timeout=240):
     reports = []
     for rank, (rc, text, errors) in enumerate(results):
         assert rc == 0, f"rank {rank}: exit {rc}\n{errors[-3000:]}"
-        report = json.loads(text.strip().splitlines()[-1])
+        report = last_json(text)
         # the children import the package these tests import (tox: the installed wheel)
         assert report["package"] == PACKAGE, (report["package"], PACKAGE)
         assert report["fix"]["worker_watch"] == ("active" if fix else "disabled")
