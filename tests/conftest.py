@@ -163,9 +163,12 @@ def last_json(out):
     """The last line of a child's stdout that is a JSON document, parsed: a log line NVRx
     writes as its worker's caller is collected at exit may follow the child's report (a
     logging set-up of megatron-core's writes INFO lines to stdout)."""
-    lines = [line for line in out.strip().splitlines() if line.startswith(("{", "["))]
-    assert lines, f"no JSON line in the child's stdout:\n{out[-3000:]}"
-    return json.loads(lines[-1])
+    for line in reversed(out.strip().splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    raise AssertionError(f"no JSON line in the child's stdout:\n{out[-3000:]}")
 
 
 def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, env=None,
