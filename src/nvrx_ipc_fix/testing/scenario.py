@@ -26,7 +26,8 @@ normally; the exception each rank saw is reported, and a rank whose save could n
 handed over then finalizes, as a training loop does, so the failure reaches the others),
 ``fault-<kind>-async`` (the same save, left pending), ``finalize`` (finalize pending
 saves), ``fork-exit`` (``os.fork()`` a child that exits at once with ``sys.exit(0)``; its exit
-code, how long its exit took, its stderr, and whether it hung), ``fork-close-exit`` (the same
+code, how long its exit took, its stderr, and whether it hung: then where it waited,
+``waits_in``, from the traceback ``faulthandler`` writes at SIGABRT), ``fork-close-exit`` (the same
 child closes the queue it inherited first, as NVRx's ``__del__`` does when the queue is
 collected) and ``sleep<seconds>``. A fault step, and a ``finalize`` step that raises, reports
 what was raised, by which call, which saves the error names as not saved, what is still
@@ -45,13 +46,15 @@ nothing is pending) instead of one ``blocking=True`` call; ``--no-dist`` passes
 
 A watchdog turns a step into a reported hang when it has not finished within
 ``--timeout`` seconds, or a few seconds after the worker it waits for has died (NVRx would
-wait for ever): it reports, kills the worker and exits. Uses CUDA when present, else
+wait for ever): it reports, with where the main thread waits (``waits_in``), kills the worker
+and exits. Uses CUDA when present, else
 ``fakecuda``. The tests and ``python -m nvrx_ipc_fix demo`` run it in a subprocess, with
 and without the fix (``NVRX_IPC_FIX_DISABLE=1``).
 """
 
 import argparse
 import dataclasses
+import faulthandler
 import gc
 import inspect
 import json
@@ -67,7 +70,7 @@ import time
 from functools import partial
 
 import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
-from nvrx_ipc_fix.testing import faults
+from nvrx_ipc_fix.testing import faults, stacks
 from nvrx_ipc_fix.core.monitor import stat_fields
 
 import torch
@@ -85,7 +88,7 @@ IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
          "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
 STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
 HUNG = threading.Event()  # set once the watchdog has reported a hang
-FORK_EXIT_BOUND = 20.0  # seconds a forked child may take to exit before it counts as hung
+FORK_EXIT_BOUND = 8.0  # seconds a forked child may take to exit before it counts as hung
 _forked = []  # fork-exit's child while it runs (the hang exit kills it)
 _scratch = None  # main()'s temp directory: this process's and its children's TMPDIR
 
@@ -719,13 +722,14 @@ def _fork_exit(trainer, close=False):
     """Fork a child with ``os.fork()`` that ends at once as a script does, ``sys.exit(0)``
     (every exit handler it inherited runs), after closing the queue with ``close``: its pid,
     exit code, how long its exit took, its stderr, and whether it hung (still there after
-    ``FORK_EXIT_BOUND`` s: killed)."""
+    ``FORK_EXIT_BOUND`` s: stopped with SIGABRT, and where it waited)."""
     trainer.phase = "fork"  # for the watchdog: this step waits on the child, not the worker
     with tempfile.TemporaryFile() as stderr:
         began = time.monotonic()
         pid = os.fork()
         if pid == 0:
             os.dup2(stderr.fileno(), 2)
+            faulthandler.enable()  # SIGABRT at the bound: where it waits, on its stderr
             try:
                 if close:
                     trainer.close()
@@ -738,15 +742,22 @@ def _fork_exit(trainer, close=False):
             done, status = os.waitpid(pid, os.WNOHANG)
         seconds = time.monotonic() - began
         if not done:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            os.kill(pid, signal.SIGABRT)
+            for _ in range(40):  # faulthandler's dump, then the signal's own end
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
         _forked.remove(pid)
         stderr.seek(0)
         text = stderr.read().decode(errors="replace")
     trainer.phase = None
     return {"pid": pid, "exit_s": round(seconds, 2), "hung": not done,
             "exitcode": os.waitstatus_to_exitcode(status) if done else None,
-            "stderr": text[-2000:]}
+            "waits_in": None if done else stacks.dumped(text), "stderr": text[-2000:]}
+
 
 
 def _fault(trainer, report, index, step, rank):
@@ -907,7 +918,7 @@ class _Watchdog:
 
     def _hang(self, step, now, died):
         self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
-                               "worker_died": died}
+                               "worker_died": died, "waits_in": stacks.main()}
         self.report["fix"] = _fix_states()
         HUNG.set()
         print(json.dumps(self.report), flush=True)
