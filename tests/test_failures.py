@@ -110,8 +110,11 @@ def test_late_activation_after_the_cache_was_primed():
 @needs_cache
 @pth_installed
 def test_both_fixes_hold_when_activated_at_start_up():
-    """This env's install: the .pth activates the trainer and the spawned NVRx worker."""
-    report = scenario(["save", "save", "replace", "save", "close", "save"], auto=True, timeout=15)
+    """This env's install: the .pth activates the trainer, a fresh interpreter. NVRx's
+    workers are forked from a forkserver of it (a worker spawned with the .pth, in NeMo RL's
+    venv actor: ``test_ray.py``)."""
+    report = scenario(["save", "save", "replace", "save", "close", "save"], auto=True, timeout=15,
+                      starts="forkserver")
     assert report["source"] == "pth"
     assert report["hang"] is None and not report["cache_miss"], report["stderr"]
     assert stale_counts(report) == [0, 0, 0, 0]
