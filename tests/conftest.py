@@ -188,11 +188,13 @@ class Zygote:
         env = _env(True, False)  # start-up activation off: the zygote never imports the package
         self.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "zygote.py")],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        self.exited, self.lines, self.buffer = {}, [], b""
-        self._read(lambda: "ready" in self.lines[-1] if self.lines else False, 300)
-        self.lines.clear()
+        self.exited, self.lines, self.buffer, self.ready = {}, [], b"", False
 
     def start(self, code, env, out, err, argv=()):
+        if not self.ready:  # its imports, the first time
+            self._read(lambda: "ready" in self.lines[-1] if self.lines else False, 300)
+            self.lines.clear()
+            self.ready = True
         request = {"code": textwrap.dedent(code), "argv": list(argv), "env": env,
                    "cwd": os.getcwd(), "out": out, "err": err}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -240,7 +242,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 #: Read from the device nodes, without importing torch.
 GPU = any(name.startswith("nvidia") and name[6:].isdigit()
           for name in (os.listdir("/dev") if os.path.isdir("/dev") else ()))
-_zygote = []  # the session's Zygote, started on first use
+_zygote = []  # the session's Zygote (pytest_sessionstart), or started on first use
 
 
 def run_code(code, *, fix=True, auto=False, env=None, timeout=120):
@@ -447,6 +449,15 @@ def pytest_configure(config):
         handle, _own_costs_file = tempfile.mkstemp(prefix="nvrx-ipc-fix-costs-", suffix=".tsv")
         os.close(handle)
         os.environ[costs.VARIABLE] = _own_costs_file
+
+
+def pytest_sessionstart(session):
+    """Start the zygote where tests run (not in xdist's controller, not on a GPU), so that
+    its imports overlap the collection rather than hold up the first test that needs it."""
+    config = session.config
+    if not GPU and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses",
+                                                                    None)):
+        _zygote.append(Zygote())
 
 
 def pytest_runtest_logreport(report):
