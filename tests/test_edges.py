@@ -245,6 +245,51 @@ def test_release_interrupted_at_each_step_leaves_the_next_save_correct():
     assert seen["from another thread"] == {"kept": True, "error": None}
 
 
+# release() interrupted before its request reached the worker: the worker is aborted. The
+# worker's main thread blocks SIGTERM, so that the signal reaches its other thread (the
+# queue's feeder), as the kernel may choose at any time.
+ABORTED = """
+    import json, tempfile, time
+    import nvrx_ipc_fix
+    from nvrx_ipc_fix.core import release as _release
+    from nvrx_ipc_fix.testing import faults, scenario
+    with tempfile.TemporaryDirectory() as d:
+        t = scenario.Trainer(d, 4, 256, starts="forkserver")
+        t.save()
+        assert _release.run_in_worker(t.queue, faults.sigterm_to_other_threads, (), 30) is None
+        worker, requests = t.worker(), t.queue.persistent_caller.queue
+
+        def interrupted(*args, **kwargs):
+            raise KeyboardInterrupt("injected into put")
+
+        requests.put = interrupted
+        began = time.monotonic()
+        try:
+            nvrx_ipc_fix.release(t.queue)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            del requests.put
+        aborted_s = time.monotonic() - began
+        _, _, path, version = t.save()
+        print(json.dumps({"aborted_s": aborted_s, "exitcode": worker.exitcode,
+                          "new_worker": t.worker().pid != worker.pid,
+                          "stale": t.stale_tensors(path, version)}))
+        t.close()
+"""
+
+
+@needs_cache
+@pytest.mark.worker
+def test_an_aborted_worker_whose_sigterm_reached_another_thread_ends_at_once():
+    """NVRx 0.7.0's abort waits ``sigterm_timeout`` (30 s) for the SIGTERM handler, which
+    the main thread runs only once it wakes: the package's abort wakes it. NVRx 0.6.0's
+    abort is a SIGKILL."""
+    seen = run_python(ABORTED, timeout=240)
+    assert seen["aborted_s"] < 5, seen  # 30.4 s before
+    assert seen["exitcode"] is not None and seen["new_worker"] and seen["stale"] == 0, seen
+
+
 @needs_cache
 @pytest.mark.worker
 def test_release_timeout_inf_from_the_environment_then_ordinary_saves():

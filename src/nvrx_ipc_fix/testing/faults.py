@@ -37,6 +37,14 @@ def nothing(*_args, **_kwargs):
     """A request that does nothing (a replacement worker's first task)."""
 
 
+def sigterm_to_other_threads(*_args, **_kwargs):
+    """Block SIGTERM in the calling thread, the worker's main one (a request runs there),
+    so that the kernel gives it to another of the worker's threads, as it may at any time:
+    its queue's feeder thread. Python runs the handler only when the main thread, blocked
+    reading its next request, wakes."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
 def stop_then(real, *args, **kwargs):
     """SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
     os.kill(os.getpid(), signal.SIGSTOP)
