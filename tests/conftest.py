@@ -190,13 +190,13 @@ class Zygote:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.exited, self.lines, self.buffer, self.ready = {}, [], b"", False
 
-    def start(self, code, env, out, err, argv=()):
+    def start(self, code, env, out, err, argv=(), teardown=False):
         if not self.ready:  # its imports, the first time
             self._read(lambda: "ready" in self.lines[-1] if self.lines else False, 300)
             self.lines.clear()
             self.ready = True
         request = {"code": textwrap.dedent(code), "argv": list(argv), "env": env,
-                   "cwd": os.getcwd(), "out": out, "err": err}
+                   "cwd": os.getcwd(), "out": out, "err": err, "teardown": teardown}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         self._read(lambda: any("rc" not in line for line in self.lines), 60)
@@ -299,6 +299,37 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120, argv=()):
         pytest.fail(f"a child still running after {timeout} s (backstop watchdog)\n"
                     + "\n".join(err[-2000:] for _, _, err in results))
     return results
+
+
+class Child:
+    """``code`` running, not waited for, for a test that watches it and how it exits: a child
+    of the zygote that ends as an interpreter does, module teardown included (a fresh
+    interpreter where one must stand for it: ``_forkable``). ``pid`` (it leads a session of
+    its own), ``out`` and ``err`` (its stdout's and stderr's paths, in ``directory``);
+    ``wait(timeout)``: its exit status, or None while it runs."""
+
+    def __init__(self, code, directory, *, fix=True, env=None):
+        self.out, self.err = (os.path.join(directory, name) for name in ("stdout", "stderr"))
+        if _forkable(fix, False, env):
+            if not _zygote:
+                _zygote.append(Zygote())
+            self.pid = _zygote[0].start(code, _env(fix, False, env), self.out, self.err,
+                                        teardown=True)
+            self._proc = None
+        else:
+            with open(self.out, "w") as out, open(self.err, "w") as err:
+                self._proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                                              stdout=out, stderr=err, env=_env(fix, False, env),
+                                              start_new_session=True)
+            self.pid = self._proc.pid
+
+    def wait(self, timeout):
+        if self._proc is None:
+            return _zygote[0].wait(self.pid, timeout)
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
 
 def _run_fresh(codes, *, fix, auto, env, timeout, argv=()):

@@ -7,17 +7,16 @@ finalized and the error names it, nothing is held back, and the next save is loa
 value by value. Faults are injected inside the worker (``nvrx_ipc_fix.testing.faults``)."""
 
 import os
-import select
 import signal
-import subprocess
-import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
 from nvrx_ipc_fix.testing import stacks
 
-from conftest import (MCORE, NVRX, PTH, _env, expect, needs_nvrx, run_python,
+from conftest import (MCORE, NVRX, PTH, Child, expect, needs_nvrx, run_python,
                       scenario, scenario_ranks)
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
@@ -338,13 +337,16 @@ EXITS = {  # a training script that ends without closing its queue
 EXIT = """
     import faulthandler, tempfile
     from nvrx_ipc_fix.testing import scenario
-    if __name__ == "__main__":
-        faulthandler.enable()  # at SIGABRT: where the exit waits, on stderr
-        t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
-        {body}
-        print("saved; the interpreter closes the queue", flush=True)
+    faulthandler.enable()  # at SIGABRT: where the exit waits, on stderr
+    t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
+    {body}
+    print("saved; the interpreter closes the queue", flush=True)
 """
 EXIT_WAIT = 10.0  # seconds: the exit alone takes a second or two, or never ends
+
+
+def _text(path):
+    return Path(path).read_text() if os.path.exists(path) else ""
 
 
 @pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
@@ -353,47 +355,41 @@ def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
     """Without the package the exit waits for ever: NVRx 0.4.1 and 0.5.0 on their
     non-daemonic worker, which multiprocessing joins; after an abort and a save also 0.6.0
     and 0.7.0, whose ``__del__`` closes the queue after multiprocessing stopped the worker.
-    With it, ``at_exit`` tells the workers to stop and nothing waits on a dead one. A real
-    interpreter's exit (its module teardown runs ``__del__``); NVRx's workers are forked from
-    a forkserver (``scenario.Trainer``): an exit waits on them as on spawned ones. A hung exit
-    is stopped with SIGABRT, and the traceback says where it waited."""
+    With it, ``at_exit`` tells the workers to stop and nothing waits on a dead one. The
+    interpreter's whole exit, its module teardown (``__del__``) too (``conftest.Child``);
+    NVRx's workers are forked from a forkserver: an exit waits on them as on spawned ones. A
+    hung exit is stopped with SIGABRT, and the traceback says where it waited."""
     if case == "abort-then-save" and NVRX == "0.4.1":
         pytest.skip("NVRx 0.4.1 has no close(abort=True)")
-    script = tmp_path / "script.py"
-    script.write_text(textwrap.dedent(EXIT).replace("{body}", EXITS[case]))
-    errors = tmp_path / "stderr.txt"
-    with open(errors, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                                stderr=stderr, text=True, start_new_session=True,
-                                env=_env(fix, auto=False))
+    child = Child(textwrap.dedent(EXIT).replace("{body}", EXITS[case]), tmp_path, fix=fix)
+    status = None
     try:
-        ready = select.select([proc.stdout], [], [], 180)[0]  # the saves (a loaded CI is slow)
-        line = proc.stdout.readline() if ready else "(nothing within 180 s)"
-        saved = "saved" in line
-        proc.wait(timeout=EXIT_WAIT)
-        hung = False
-    except subprocess.TimeoutExpired:
-        hung = True
-        os.kill(proc.pid, signal.SIGABRT)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        saved, deadline = False, time.monotonic() + 180  # the saves (a loaded CI is slow)
+        while not saved and time.monotonic() < deadline:
+            saved = "saved" in _text(child.out)  # the child makes it
+            status = child.wait(0.05)
+            if status is not None:
+                break
+        saved = saved or "saved" in _text(child.out)
+        status = child.wait(EXIT_WAIT) if status is None else status  # the exit alone
+        hung = status is None
+        if hung:
+            os.kill(child.pid, signal.SIGABRT)
+            status = child.wait(5)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        else:  # its workers and forkserver
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert saved, (line, errors.read_text()[-3000:])
+        try:
+            os.killpg(child.pid, signal.SIGKILL)  # what is left: its workers, its forkserver
+        except ProcessLookupError:
+            pass
+        if status is None:
+            child.wait(5)
+    errors = _text(child.err)
+    assert saved, (_text(child.out), errors[-3000:])
     if fix:
-        assert not hung and proc.returncode == 0
+        assert not hung and status == 0, (status, errors[-3000:])
     else:
         assert hung == (case == "abort-then-save" or not expect("cache"))
         if hung:  # NVRx's __del__ on the stopped daemonic worker, or the exit joining the other
-            waits_in = stacks.dumped(errors.read_text())
+            waits_in = stacks.dumped(errors)
             assert waits_in[:2] == (["core.py:__del__", "core.py:close"] if expect("daemon")
                                     else ["util.py:_exit_function", "process.py:join"]), waits_in
