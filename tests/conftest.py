@@ -190,11 +190,15 @@ class Zygote:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.exited, self.lines, self.buffer, self.ready = {}, [], b"", False
 
-    def start(self, code, env, out, err, argv=(), teardown=False):
-        if not self.ready:  # its imports, the first time
+    def wait_ready(self):
+        """Until it has imported what it preloads (once)."""
+        if not self.ready:
             self._read(lambda: "ready" in self.lines[-1] if self.lines else False, 300)
             self.lines.clear()
             self.ready = True
+
+    def start(self, code, env, out, err, argv=(), teardown=False):
+        self.wait_ready()
         request = {"code": textwrap.dedent(code), "argv": list(argv), "env": env,
                    "cwd": os.getcwd(), "out": out, "err": err, "teardown": teardown}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -483,12 +487,18 @@ def pytest_configure(config):
 
 
 def pytest_sessionstart(session):
-    """Start the zygote where tests run (not in xdist's controller, not on a GPU), so that
-    its imports overlap the collection rather than hold up the first test that needs it."""
+    """Start the zygote where tests run (not in xdist's controller, not on a GPU): its
+    imports overlap the collection, and are waited for once it ends (the session's set-up,
+    not the first test's that needs it)."""
     config = session.config
     if not GPU and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses",
                                                                     None)):
         _zygote.append(Zygote())
+
+
+def pytest_collection_finish(session):
+    if _zygote:
+        _zygote[0].wait_ready()
 
 
 def pytest_runtest_logreport(report):
