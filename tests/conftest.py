@@ -249,6 +249,12 @@ GPU = any(name.startswith("nvidia") and name[6:].isdigit()
 _zygote = []  # the session's Zygote (pytest_sessionstart), or started on first use
 
 
+def _the_zygote():
+    if not _zygote:
+        _zygote.append(Zygote())
+    return _zygote[0]
+
+
 def run_code(code, *, fix=True, auto=False, env=None, timeout=120):
     """``run_process([python, "-c", code], ...)``'s result from a child of the zygote (which
     has torch imported), where it stands for a fresh interpreter (``_forkable``); else from
@@ -275,12 +281,11 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120, argv=()):
     import tempfile
     import time
 
-    if not _zygote:
-        _zygote.append(Zygote())
+    zygote = _the_zygote()
     with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-child-") as scratch:
         files = [(os.path.join(scratch, f"out{i}"), os.path.join(scratch, f"err{i}"))
                  for i in range(len(codes))]
-        pids = [_zygote[0].start(code, child_env, *paths, argv=argv)
+        pids = [zygote.start(code, child_env, *paths, argv=argv)
                 for code, paths in zip(codes, files)]
         deadline, codes_out = time.monotonic() + timeout, []
         for pid in pids:
@@ -315,10 +320,8 @@ class Child:
     def __init__(self, code, directory, *, fix=True, env=None):
         self.out, self.err = (os.path.join(directory, name) for name in ("stdout", "stderr"))
         if _forkable(fix, False, env):
-            if not _zygote:
-                _zygote.append(Zygote())
-            self.pid = _zygote[0].start(code, _env(fix, False, env), self.out, self.err,
-                                        teardown=True)
+            self.pid = _the_zygote().start(code, _env(fix, False, env), self.out, self.err,
+                                           teardown=True)
             self._proc = None
         else:
             with open(self.out, "w") as out, open(self.err, "w") as err:

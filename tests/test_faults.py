@@ -346,6 +346,7 @@ EXIT_WAIT = 10.0  # seconds: the exit alone takes a second or two, or never ends
 
 
 def _text(path):
+    """A child's output so far (its file exists once the child runs)."""
     return Path(path).read_text() if os.path.exists(path) else ""
 
 
@@ -362,16 +363,13 @@ def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
     if case == "abort-then-save" and NVRX == "0.4.1":
         pytest.skip("NVRx 0.4.1 has no close(abort=True)")
     child = Child(textwrap.dedent(EXIT).replace("{body}", EXITS[case]), tmp_path, fix=fix)
-    status = None
+    status, deadline = None, time.monotonic() + 180  # the saves (a loaded CI is slow)
     try:
-        saved, deadline = False, time.monotonic() + 180  # the saves (a loaded CI is slow)
-        while not saved and time.monotonic() < deadline:
-            saved = "saved" in _text(child.out)  # the child makes it
+        while status is None and "saved" not in _text(child.out) and time.monotonic() < deadline:
             status = child.wait(0.05)
-            if status is not None:
-                break
-        saved = saved or "saved" in _text(child.out)
-        status = child.wait(EXIT_WAIT) if status is None else status  # the exit alone
+        saved = "saved" in _text(child.out)
+        if status is None:
+            status = child.wait(EXIT_WAIT)  # the exit alone
         hung = status is None
         if hung:
             os.kill(child.pid, signal.SIGABRT)

@@ -8,17 +8,17 @@ A forked child is a ``python -c`` as far as the code it runs can tell: ``__main_
 fresh module without a file (so a spawned child imports no main module), ``sys.argv`` is
 ``["-c", ...]``, ``sys.path[0]`` is ``""``, the environment and working directory are the
 test's, its output goes to the test's files, and it ends as the interpreter's exit does but for
-the module teardown (``_exit``), unless the test asks for that too (``teardown``). It leads a new session, so that a test's timeout
-kills its whole group. The zygote imports neither NVRx (0.04 s after torch) nor
-``nvrx_ipc_fix`` (it runs with start-up activation off): each child imports them in the
-order its code does, as a fresh interpreter would. The preloaded heap is frozen
+the module teardown (``_exit``), unless the test asks for that too (``teardown``). It leads a
+new session, so that a test's timeout kills its whole group. The zygote imports neither NVRx
+(0.04 s after torch) nor ``nvrx_ipc_fix`` (it runs with start-up activation off): each child
+imports them in the order its code does, as a fresh interpreter would. The preloaded heap is frozen
 (``gc.freeze``): the children's collections do not walk, and so do not copy, torch's objects.
 
 Protocol, one JSON object per line: request ``{"code", "argv", "env", "cwd", "out",
-"err", "teardown"}`` on stdin (``teardown``: the child ends as an interpreter does, module
-teardown included, for tests of what runs there) (the child's ``sys.argv`` is ``["-c", *argv]``); replies ``{"pid"}`` once
-the child runs and ``{"pid", "rc"}`` once it exited (``rc`` as ``subprocess``'s
-``returncode``). Children run concurrently (two ranks of a test).
+"err", "teardown"}`` on stdin (the child's ``sys.argv`` is ``["-c", *argv]``; ``teardown``:
+it ends as an interpreter does, module teardown included, for tests of what runs there);
+replies ``{"pid"}`` once the child runs and ``{"pid", "rc"}`` once it exited (``rc`` as
+``subprocess``'s ``returncode``). Children run concurrently (two ranks of a test).
 """
 
 import builtins

@@ -759,7 +759,6 @@ def _fork_exit(trainer, close=False):
             "waits_in": None if done else stacks.dumped(text), "stderr": text[-2000:]}
 
 
-
 def _fault(trainer, report, index, step, rank):
     """One ``fault-<kind>[-async][@<rank>]`` step: a save whose worker fails on the chosen
     ranks (the others save normally); ``-async`` leaves it pending for a later step."""
