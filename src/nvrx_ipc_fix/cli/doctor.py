@@ -75,7 +75,8 @@ def run(out=print, as_json=False):
                ("ok" if covered else "fail", "activation", _activation(status, covered)),
                ("ok", "wrapt", status.wrapt_version) if status.wrapt_version else
                ("fail", "wrapt", "not installed: nothing can be patched"),
-               _nvrx(status.nvrx_version, affected), _mcore(status.untested)]
+               _nvrx(status.nvrx_version, affected), _mcore(status.untested),
+               affected and _automatic_release()]
     checks += [(FIX_LEVELS[fix.state.value], f"fix {fix.name}", f"{fix.state.value}: {fix.reason}")
                for fix in status.fixes]
     rows = [(("FAIL" if affected else "warn") if level == "fail" else level, label, text)
@@ -227,6 +228,21 @@ def _nvrx(version, affected):
         return ("info", "NVRx", f"{version}: a dev or unknown build that may have the IPC "
                                 "cache: the fixes apply")
     return "info", "NVRx", f"{version}: has the IPC tensor cache: the fixes apply"
+
+
+def _automatic_release():
+    """Which strategy the automatic release uses on this machine, and why (the driver is
+    probed here; a job's own process also needs the fix ``suspend`` active)."""
+    from ..core import cuda_checkpoint
+
+    chosen = _config.auto_strategy()
+    if chosen != "suspend":
+        return "info", "automatic release", f"{chosen} ({_config.STRATEGY})"
+    driver, why = cuda_checkpoint.load(in_use=False)
+    if why is not None:
+        return "info", "automatic release", f"restart: suspend is not possible here ({why})"
+    return ("info", "automatic release", f"suspend: the CUDA driver's process checkpoint API is "
+            f"here (driver API {driver.version()})")
 
 
 def _mcore(untested):

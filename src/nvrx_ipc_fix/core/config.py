@@ -28,10 +28,11 @@ AUTO = "NVRX_IPC_FIX_AUTO"
 #: ``nvrx_ipc_fix`` logger at that level. Default: no handler (a ``NullHandler`` only).
 LOG_LEVEL = "NVRX_IPC_FIX_LOG_LEVEL"
 
-#: ``flush`` (keep the worker), ``terminate`` or ``restart`` (terminate now, start the next
-#: worker when the model is back): what ``release()`` and ``offloading()`` do by default
-#: (unset: ``flush``) and what the automatic release does (unset: ``restart``, whose onload
-#: points start the next worker).
+#: ``flush`` (keep the worker), ``terminate``, ``restart`` (terminate now, start the next
+#: worker when the model is back) or ``suspend`` (keep the worker with nothing of it on the
+#: device, resume it when the model is back): what ``release()`` and ``offloading()`` do by
+#: default (unset: ``flush``) and what the automatic release does (unset: ``suspend`` where
+#: the CUDA driver can, else ``restart``).
 STRATEGY = "NVRX_IPC_FIX_STRATEGY"
 #: Seconds ``release()`` waits for the worker before terminating it. Default 60; ``inf``:
 #: no limit (a worker that dies still ends the wait).
@@ -257,7 +258,7 @@ def _parse_strategy(raw):
     """``None`` when unset or not understood: each reader has its own default."""
     if raw and raw not in STRATEGIES:
         return None, (f"is not one of {', '.join(STRATEGIES)}; using the default (flush for "
-                      f"release(), restart for the automatic release)")
+                      f"release(), suspend for the automatic release)")
     return raw or None, None
 
 
@@ -321,7 +322,7 @@ class Setting:
         return (raw, *self.parse(_raw(self.name)))
 
 
-STRATEGIES = ("flush", "terminate", "restart")
+STRATEGIES = ("flush", "terminate", "restart", "suspend")
 #: Every variable the package reads (a test checks that none is missing); doctor checks each.
 SETTINGS = (
     Setting(DISABLE, _parse_disable, lambda v: "the package is off" if v is None else
@@ -329,8 +330,8 @@ SETTINGS = (
     Setting(AUTO, _parse_auto, lambda v: "start-up activation " + ("on" if v else "off")),
     Setting(LOG_LEVEL, _parse_log_level,
             lambda v: f"a stderr handler at {v}" if v else "no log handler (NullHandler)"),
-    Setting(STRATEGY, _parse_strategy, lambda v: v or "flush for release(), restart for "
-            "the automatic release"),
+    Setting(STRATEGY, _parse_strategy, lambda v: v or "flush for release(), suspend for "
+            "the automatic release (restart where the CUDA driver cannot suspend)"),
     Setting(RELEASE, _parse_release, lambda v: f"release automatically: {v}"),
     Setting(RELEASE_TIMEOUT, _parse_release_timeout,
             lambda v: f"release() waits for the worker: {_show_seconds(v)}"),
@@ -387,8 +388,9 @@ def strategy():
 
 
 def auto_strategy():
-    """The automatic release's strategy: ``NVRX_IPC_FIX_STRATEGY``, else ``restart``."""
-    return _read(STRATEGY, _parse_strategy) or "restart"
+    """The automatic release's strategy: ``NVRX_IPC_FIX_STRATEGY``, else ``suspend`` (which
+    falls back to ``restart`` where the driver cannot: ``core.suspend``)."""
+    return _read(STRATEGY, _parse_strategy) or "suspend"
 
 
 def release_policy():

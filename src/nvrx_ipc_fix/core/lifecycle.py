@@ -97,9 +97,12 @@ def enable(source, claim=False):
 
 
 def deactivate():
-    """Put back every original we wrapped and stop prewarmed workers no save has used.
-    Idempotent. Returns ``status()``."""
+    """Resume suspended workers, put back every original we wrapped and stop prewarmed workers
+    no save has used. Idempotent. Returns ``status()``."""
     global _active
+    suspend = sys.modules.get("nvrx_ipc_fix.core.suspend")
+    if suspend is not None:  # first: without the fix, nothing would resume them
+        suspend.resume(wait=True)
     prewarm = sys.modules.get("nvrx_ipc_fix.core.prewarming")
     if prewarm is not None:
         prewarm.stop_unused()
@@ -368,6 +371,7 @@ def status():
             fixes.append(FixStatus(fix, state, _loss(mine) if state in LOST else reason, summary))
         wrapt = sys.modules.get("wrapt")
         standby = sys.modules.get(__name__.rsplit(".", 1)[0] + ".standby")
+        suspend = sys.modules.get(__name__.rsplit(".", 1)[0] + ".suspend")
         return Status(
             version=__version__,
             activated=_active,
@@ -388,6 +392,7 @@ def status():
             prewarm_failures=_cleanup.totals.prewarm_failures,
             pinned_bytes=_cleanup.totals.pinned_bytes,
             **({"standby": standby.describe()} if standby is not None else {}),
+            **({"suspend": suspend.describe()} if suspend is not None else {}),
             untested=_detect.untested_versions(),
         )
 

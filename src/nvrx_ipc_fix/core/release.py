@@ -9,8 +9,11 @@ fix); the next save pays for a new worker. ``restart`` terminates too, and the n
 started ahead of the next save when the model is back (``prewarm``: at the exit of
 ``offloading()``, at NeMo RL's onload points, or called by the user). All three make the next
 save send full tensors; ``restart`` also starts the standby the next worker is forked from
-(``core.standby``). ``terminate`` and ``restart`` also stop a worker that waits for the
-queue's first save (prewarmed, or NVRx's warm-up): it holds nothing, but it is on the device.
+(``core.standby``). ``suspend`` flushes, then suspends the kept worker through the CUDA
+driver (``core.suspend``): nothing of it stays on the device, and the onload resumes it;
+where the driver cannot, it falls back to ``restart``. ``terminate``, ``restart`` and
+``suspend`` also stop a worker that waits for the queue's first save (prewarmed, or NVRx's
+warm-up): it holds nothing, but it is on the device.
 A queue in CPU-shared-memory mode holds no IPC handles and is left alone (closing one
 in NVRx 0.6.0 drops its drain-before-overwrite callback for good).
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from queue import Empty
 
 from . import cleanup as _cleanup, config as _config, prewarming as _prewarm
-from . import standby as _standby, state as _state, workers as _workers
+from . import standby as _standby, state as _state, suspend as _suspend, workers as _workers
 from .detect import CORE
 from .errors import STOP, add_note
 from .log import logger
@@ -49,15 +52,18 @@ class ReleaseReport:
     skipped: tuple = field(default_factory=tuple)  # ("what: why", ...)
     error: str | None = None
     pin_bytes: int = 0  # restart: host memory the next worker pins ahead of its first save
+    worker_suspended: bool = False  # suspend: kept, with nothing of it on the device
 
     def summary(self) -> str:
         """The one INFO line, in the units users think in."""
-        worker = "worker kept" if self.worker_kept else (
-            "worker terminated" if self.worker_terminated else "no worker")
+        worker = ("worker suspended" if self.worker_suspended else
+                  "worker kept" if self.worker_kept else
+                  "worker terminated" if self.worker_terminated else "no worker")
         freed = (f"freed {self.freed_bytes / _cleanup.GIB:.2f} GiB on this device"
                  if self.freed_bytes >= 1 << 20 else
                  "the model's blocks are freed as the trainer drops its tensors")
-        after = "; prewarm() starts the next" if self.strategy == "restart" else ""
+        after = {"restart": "; prewarm() starts the next",
+                 "suspend": "; prewarm() or the next save resumes it"}.get(self.strategy, "")
         if self.pin_bytes:
             after += f", which pins {self.pin_bytes / _cleanup.GIB:.2f} GiB of host memory ahead"
         return (f"released the NVRx checkpoint worker's IPC mappings ({self.strategy}, "
@@ -159,7 +165,10 @@ def _release(queue, strategy, timeout, held):
     queues = [queue] if queue is not None else core.AsyncCallsQueue.get_instances()
     trainer_cache = caller_class._worker_data_cache  # the sync path's
     keys = _cleanup.cached_key_count() + len(trainer_cache)
-    skipped, errors, released, kept, terminated = [], [], 0, False, False
+    skipped, errors, released, kept, terminated, suspended = [], [], 0, False, False, False
+    if strategy == "suspend" and _suspend.unavailable() is not None:
+        skipped.append(f"suspend: {_suspend.unavailable()}; restart instead")
+        strategy = "restart"
     if not queues:
         skipped.append("queues: no live AsyncCallsQueue")
     for q in queues:
@@ -167,6 +176,11 @@ def _release(queue, strategy, timeout, held):
         if not holds_ipc(q):
             skipped.append(f"{label}: cpu_shm_mode holds no IPC handles")
             continue
+        if _suspend.suspended(q):
+            if strategy in ("flush", "suspend"):
+                skipped.append(f"{label}: its worker is suspended: nothing of it is on the device")
+                continue
+            _suspend.ready(q)  # terminate, restart: back to running, then closed
         if q.get_num_unfinalized_calls():
             failure = _finalize(q)
             if failure is not None:
@@ -181,6 +195,8 @@ def _release(queue, strategy, timeout, held):
                 continue
             stopped = _prewarm.stop(q)
             terminated = terminated or stopped
+            if stopped and strategy == "suspend":  # it has had no save: started again at onload
+                _suspend.mark_ended(q)
         if not has_live_worker(q):
             _released_at[q] = q.call_idx
             if stopped:
@@ -189,16 +205,21 @@ def _release(queue, strategy, timeout, held):
                 skipped.append(f"{label}: no live worker")
             continue
         _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
-        if strategy != "flush":
+        if strategy in ("terminate", "restart"):
             q.close()
             terminated = True
         else:
             from .worker import drop_cache
 
             error = run_in_worker(q, drop_cache, (), timeout)
+            if not error and strategy == "suspend":
+                error = _suspend.suspend(q, q.persistent_caller, timeout)
+                suspended = suspended or not error
             if error:
                 errors.append(f"{label}: {error}")
                 terminated = True
+                if strategy == "suspend":
+                    _suspend.mark_ended(q)
             else:
                 kept = True
         _released_at[q] = q.call_idx
@@ -214,7 +235,8 @@ def _release(queue, strategy, timeout, held):
     if strategy == "restart" and _prewarm.unavailable(core) is None:
         _standby.start()  # inference follows: the next worker's imports happen meanwhile
     report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,
-                           terminated, keys, tuple(skipped), "; ".join(errors) or None, pin)
+                           terminated, keys, tuple(skipped), "; ".join(errors) or None, pin,
+                           suspended)
     if report.error:
         from .log import warn_once
 
@@ -223,6 +245,23 @@ def _release(queue, strategy, timeout, held):
         _cleanup.totals.releases += 1
         logger.info(report.summary())
     return report
+
+
+def onload(strategy, queue=None):
+    """The model is back: resume the suspended workers of ``queue`` (None: every one) in the
+    background, and start the next worker where ``strategy``'s release ended one (``restart``;
+    ``suspend`` where a worker could not be suspended)."""
+    _suspend.resume(queue, wait=False)
+    strategy = _suspend.in_force(strategy)
+    if strategy == "restart":
+        _prewarm.start(queue)
+    elif strategy == "suspend":
+        core = sys.modules.get(CORE)
+        queues = ([queue] if queue is not None else
+                  core.AsyncCallsQueue.get_instances() if core is not None else [])
+        for q in queues:
+            if _suspend.ended(q):
+                _prewarm.start(q)
 
 
 def run_in_worker(queue, function, args, timeout):

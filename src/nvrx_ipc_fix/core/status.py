@@ -8,6 +8,9 @@ import enum
 
 #: ``Status.standby`` before any ``restart`` release (``core.standby``).
 STANDBY_NOT_STARTED = "not started: no restart release yet"
+#: ``Status.suspend`` before the package's suspend module is imported (``core.suspend``).
+SUSPEND_NOT_PROBED = ("the automatic release's strategy is decided at the first release "
+                      "(suspend where the CUDA driver can, else restart)")
 
 
 class State(str, enum.Enum):
@@ -77,6 +80,9 @@ class Status:
     #: The standby restart's workers are forked from (``core.standby``): its state, why it is
     #: not used, how many workers it forked and how often it died.
     standby: str = STANDBY_NOT_STARTED
+    #: The automatic release's strategy in force and why (``core.suspend``), with the counts
+    #: of suspends and resumes.
+    suspend: str = SUSPEND_NOT_PROBED
     #: Distribution -> installed version, for each one newer than the newest version the
     #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
     untested: dict = dataclasses.field(default_factory=dict)
@@ -128,5 +134,6 @@ class Status:
                       f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: {self.releases}; "
                       f"prewarms: {self.prewarms} ({self.prewarm_failures} failed; "
                       f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned ahead by "
-                      "the last)", f"standby: {self.standby}"]
+                      "the last)", f"standby: {self.standby}",
+                  f"automatic release: {self.suspend}"]
         return "\n".join(lines)

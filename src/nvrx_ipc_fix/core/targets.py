@@ -24,6 +24,8 @@ FIXES = {
                           "(async_strategy='mcore')",
     "prewarm": "start the NVRx checkpoint worker ahead of the save that needs it (prewarm(), "
                "strategy restart, NVRX_IPC_FIX_PREWARM=start); the save waits until it is ready",
+    "suspend": "a worker the suspend strategy keeps with nothing on the device is resumed "
+               "before it is given a save or closed (without it, the release restarts instead)",
 }
 
 
@@ -246,6 +248,11 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
            "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
     Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",
            ("self", "persistent"), warm_up),
+    # Outermost: the worker runs again before any other wrapper hands it a save or a close.
+    Target("suspend", CORE, "AsyncCallsQueue.schedule_async_request",
+           "fixes.suspend:schedule_wrapper", ("self", "async_request"), worker_cache),
+    Target("suspend", CORE, "PersistentAsyncCaller.close", "fixes.suspend:close_wrapper",
+           ("self",), worker_cache),
 ) + tuple(
     # each point works alone: a framework release without one of them keeps the others
     Target("release_on_offload", module, attr, f"fixes.release_on_offload:{wrapper}", ("self",),

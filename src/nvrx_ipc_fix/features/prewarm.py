@@ -4,11 +4,13 @@
 import time
 
 from ..core.prewarming import PrewarmReport, start
+from ..core.suspend import resume
 
 
 def prewarm(queue=None) -> PrewarmReport:
     """Start the checkpoint worker of ``queue`` (an NVRx ``AsyncCallsQueue``; ``None``: of each
-    live one) now, so that its next save finds it ready.
+    live one) now, so that its next save finds it ready; a suspended worker is resumed instead
+    (in the background: the next save waits for it).
 
     Returns at once: the worker spawns, imports torch and creates its CUDA context in the
     background. Never starts a second worker: a queue whose worker runs or starts, or for
@@ -20,4 +22,5 @@ def prewarm(queue=None) -> PrewarmReport:
     if queue is not None and not callable(getattr(queue, "schedule_async_request", None)):
         raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
                         f"{type(queue).__name__}")
+    resume(queue, wait=False)
     return start(queue, began)

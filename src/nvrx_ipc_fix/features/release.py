@@ -4,17 +4,19 @@ through CUDA IPC (``core/release.py`` does it), before code moves model or optim
 
 from contextlib import contextmanager
 
-from ..core import config as _config, prewarming as _prewarming
+from ..core import config as _config
 from ..core.errors import annotate, deliver
-from ..core.release import ReleaseReport, check_strategy, released
+from ..core.release import ReleaseReport, check_strategy, onload, released
 
 
 def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
     """Free the GPU memory the NVRx worker holds through CUDA IPC (``core/release.py``).
 
     ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
-    ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``), ``"terminate"`` or
-    ``"restart"`` (terminate; call ``prewarm()`` when the model is back, or use ``offloading``).
+    ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``), ``"terminate"``,
+    ``"restart"`` (terminate; call ``prewarm()`` when the model is back, or use ``offloading``)
+    or ``"suspend"`` (keep the worker with nothing of it on the device; ``prewarm()`` or the
+    next save resumes it; ``restart`` where the CUDA driver cannot).
     ``timeout``: seconds > 0 to wait for the worker (default
     ``NVRX_IPC_FIX_RELEASE_TIMEOUT`` or 60; ``math.inf``: until it answers or dies); a
     worker that does not answer is terminated and the report says so.
@@ -31,14 +33,14 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
 @contextmanager
 def offloading(queue=None, *, strategy=None, timeout=None):
     """``with offloading():`` releases first, for code that moves model or optimizer storage;
-    with ``restart``, the block's normal exit starts the next worker (``prewarm``). A failed
-    checkpoint that the release finalized is raised when the block has run."""
+    the block's normal exit resumes a suspended worker, or with ``restart`` starts the next
+    (``prewarm``). A failed checkpoint that the release finalized is raised when the block has
+    run."""
     strategy, timeout = _arguments(queue, strategy, timeout)
     report, failure = released(queue, strategy, timeout)
 
     def after():
-        if strategy == "restart":
-            _prewarming.start(queue)
+        onload(strategy, queue)
 
     try:
         yield report

@@ -6,19 +6,20 @@ points, slime's ``sleep()``), and with ``NVRX_IPC_FIX_RELEASE=finalize`` after e
 A release happens only when some queue can hold IPC handles, has a live worker and
 scheduled a save since its last release; with the ``restart`` strategy, whenever such a
 queue has any worker (nothing of it may stay on the device for the inference that follows).
-At the offload points the strategy is ``NVRX_IPC_FIX_STRATEGY``, else ``restart``: measured
-on an H200, its next worker, started at the onload and pinned ahead, takes the save after
-the onload as fast as a kept one, and nothing of it is on the GPU during inference
-(BENCHMARKS.md). After a blocking finalize, where no onload follows, it is ``release()``'s.
+At the offload points the strategy is ``NVRX_IPC_FIX_STRATEGY``, else ``suspend``: the worker
+is kept with nothing of it on the device and resumed at the onload (BENCHMARKS.md); where the
+CUDA driver cannot suspend, ``restart``, whose next worker, started at the onload and pinned
+ahead, takes the save after the onload as fast as a kept one. After a blocking finalize,
+where no onload follows, it is ``release()``'s.
 NeMo RL builds that carry PR #3322 terminate the worker themselves in
 ``offload_before_refit``/``offload_after_refit`` when their config asks for it; then the
 package stays out of the way (no second release).
 
-With ``restart``, the points where the model comes back (``prepare_for_training``, slime's
-``wake_up``, and
+The points where the model comes back (``prepare_for_training``, slime's ``wake_up``, and
 ``prepare_for_lp_inference`` / the value worker's ``prepare_for_inference``, which also move
-grads or optimizer off) start the next worker in the background once they return
-(``prewarm``). Those two release with ``flush`` first: the GPU is not handed to inference there.
+grads or optimizer off) resume a suspended worker, or with ``restart`` start the next one, in
+the background once they return (``release.onload``). Those two release with ``flush`` first
+under ``suspend`` and ``restart``: the GPU is not handed to inference there.
 """
 
 import sys
@@ -70,24 +71,25 @@ def finalize_wrapper(wrapped, instance, args, kwargs):
 
 
 def _before(wrapped, instance, reload=False):
-    """Release if needed; where the model comes back, ``restart`` releases as ``flush``.
-    Returns the failed checkpoint the release finalized, if any, for the method to raise."""
+    """Release if needed; where the model comes back, ``suspend`` and ``restart`` release as
+    ``flush``. Returns the failed checkpoint the release finalized, if any, for the method to
+    raise."""
     try:
         if _config.release_policy() != "never" and not _releases_itself(wrapped, instance):
-            restart = _config.auto_strategy() == "restart"
-            return release_if_needed("flush" if reload and restart else None)
+            onloads = _config.auto_strategy() in ("restart", "suspend")
+            return release_if_needed("flush" if reload and onloads else None)
     except Exception as exc:
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
     return None
 
 
 def _after(wrapped, instance):
-    """With ``restart``: the model is back, start the next worker (``prewarm``)."""
+    """The model is back: resume the suspended worker, or start the next (``restart``)."""
     try:
-        if _config.release_policy() != "never" and _config.auto_strategy() == "restart":
-            from ..core.prewarming import start
+        if _config.release_policy() != "never":
+            from ..core.release import onload
 
-            start()
+            onload(_config.auto_strategy())
     except Exception as exc:
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
 
@@ -95,10 +97,12 @@ def _after(wrapped, instance):
 def release_if_needed(strategy=None):
     """Release when a queue may hold IPC handles it took since its last release, or has
     saves pending (they are finalized first, so that a failed one is the call's error while
-    the call still does its work); with ``restart`` also when such a queue has any worker,
-    or one waits for its first save. Returns the failed checkpoint the release met, if any."""
+    the call still does its work); with ``restart`` and ``suspend`` also when such a queue has
+    a worker on the device, or one waits for its first save. Returns the failed checkpoint
+    the release met, if any."""
     from ..core.prewarming import idle
     from ..core.release import has_live_worker, holds_ipc, released, saved_since_release
+    from ..core.suspend import suspended
 
     queues = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)  # None while importing
     if queues is None:
@@ -107,9 +111,9 @@ def release_if_needed(strategy=None):
     for queue in queues.get_instances():
         if not holds_ipc(queue):
             continue
-        live = has_live_worker(queue)
+        live = has_live_worker(queue) and not suspended(queue)
         if (live and saved_since_release(queue)) or queue.get_num_unfinalized_calls() or (
-                strategy == "restart" and (live or idle(queue))):
+                strategy in ("restart", "suspend") and (live or idle(queue))):
             return released(None, strategy, _config.release_timeout())[1]
     return None
 

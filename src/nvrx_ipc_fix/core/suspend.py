@@ -1,0 +1,298 @@
+"""Strategy ``suspend``: the NVRx checkpoint worker keeps its process, its pinned host memory
+and its warm caches through inference, with nothing of it on the device.
+
+``release()`` flushes first (the worker drops its CUDA IPC mappings: a process that maps
+another's memory may never come back from a lock), then ``suspend`` locks the worker through
+the CUDA driver's process checkpoint API (``core.cuda_checkpoint``) and checkpoints it: its
+device state moves to host memory. ``resume`` restores and unlocks it: at the onload
+(``offloading()``'s exit, NeMo RL's and slime's onload points, ``prewarm()``), in a thread
+beside the training step, and in any case before the worker is given anything (a save, a
+close: ``ready``), which waits for that thread or resumes in line. At exit and at
+``deactivate()`` every worker is resumed.
+
+The driver is probed once (library, symbols, version; ``unavailable``); each worker's state
+is read before its lock. Every driver call has a deadline (the release timeout; the lock also
+``LOCK_TIMEOUT`` in the driver). A suspend or resume that fails while the worker lives is the
+package's own defect: the worker is unlocked and closed, or, where that fails too, killed;
+the queue's next save starts a fresh worker (``ended``: the onload prewarms it, as after
+``restart``), one ``RuntimeWarning`` says why, and the automatic release uses ``restart``
+from then on. A worker that died while suspended is a worker death like any other: the worker
+watch raises it from the next save's finalize.
+"""
+
+import atexit
+import os
+import threading
+import time
+import weakref
+
+from . import config as _config, cuda_checkpoint as _cc, fork as _fork, state as _state
+from . import workers as _workers
+from .log import logger
+
+LOCK_TIMEOUT = 10.0  # seconds the driver may take to lock an idle worker
+UNDO_TIMEOUT = 10.0  # seconds for each call that undoes a failed suspend
+#: What opens the driver (``cuda_checkpoint.load``); a CPU stand-in replaces it in tests.
+load_driver = _cc.load
+
+
+class _Suspension:
+    """One suspended worker."""
+
+    __slots__ = ("queue", "caller", "process", "checkpoint_s", "thread", "restore_s", "resumed",
+                 "began")
+
+    def __init__(self, queue, caller, process, checkpoint_s):
+        self.queue = weakref.ref(queue)
+        self.caller = caller
+        self.process = process
+        self.checkpoint_s = checkpoint_s
+        self.began = time.monotonic()
+        self.thread = None  # the resume in the background, once started
+        self.restore_s = None  # how long restore and unlock took
+        self.resumed = threading.Event()
+
+
+_lock = threading.Lock()
+_suspended = {}  # pid -> _Suspension, until resumed
+_ended = weakref.WeakSet()  # queues whose worker a failed suspend or resume ended
+_driver = None
+_why = None  # why suspend is not used in this process, once known
+_counts = {"suspends": 0, "resumes": 0}
+#: The last suspend's and resume's timings: ``pid``, ``checkpoint_s`` (lock and checkpoint),
+#: ``restore_s`` (restore and unlock), ``resumed_at`` (``time.perf_counter()``).
+last = {}
+_exit_pid = None
+
+
+def unavailable():
+    """Why ``suspend`` cannot be used in this process, or None: the fix that resumes the
+    worker must be active, and the driver work. Probes the driver once; where this process
+    uses CUDA, a driver without the API is one ``RuntimeWarning``."""
+    global _driver, _why
+    missing = _fix_missing()
+    if missing:
+        return missing
+    with _lock:
+        if _driver is not None or _why is not None:
+            return _why
+        _driver, _why = load_driver()
+    if _why is not None:
+        message = f"nvrx_ipc_fix: the release uses restart instead of suspend: {_why}"
+        logger.warning("%s", message)
+        if _why != _cc.NO_CUDA:
+            _config.warn(message, ("suspend", "unavailable"))
+    return _why
+
+
+def _fix_missing():
+    """Why the fix that resumes a suspended worker is not in place, or None."""
+    from .lifecycle import installed
+
+    if not all(installed("suspend", attr) for attr in (
+            "AsyncCallsQueue.schedule_async_request", "PersistentAsyncCaller.close")):
+        return "the suspend fix is not active (see nvrx_ipc_fix.status())"
+    return None
+
+
+def in_force(strategy):
+    """``strategy``, or ``restart`` for ``suspend`` once it is known to be unavailable."""
+    return "restart" if strategy == "suspend" and _why is not None else strategy
+
+
+def suspended(queue):
+    """Is a worker of ``queue`` suspended (nothing of it on the device)?"""
+    with _lock:
+        return any(s.queue() is queue for s in _suspended.values())
+
+
+def mark_ended(queue):
+    """``queue``'s worker was stopped instead of suspended: its onload starts the next."""
+    with _lock:
+        _ended.add(queue)
+
+
+def ended(queue):
+    """Did a failed suspend or resume end ``queue``'s worker since its last onload? (Forgets.)"""
+    with _lock:
+        found = queue in _ended
+        _ended.discard(queue)
+        return found
+
+
+def suspend(queue, caller, timeout):
+    """Lock and checkpoint ``caller``'s idle, flushed worker. None when it is suspended; else
+    why not, the worker then closed or killed (``queue``'s next save starts a fresh one) and
+    ``suspend`` off in this process."""
+    global _exit_pid
+    process = caller.process
+    pid, began = process.pid, time.monotonic()
+    deadline = began + timeout
+    try:
+        state = _driver.state(pid, _left(deadline))
+        if state != _cc.RUNNING:
+            raise _cc.DriverError(f"its CUDA state is {_cc.STATES.get(state, state)}, not "
+                                  f"running:", state)
+        _driver.lock(pid, min(LOCK_TIMEOUT, _left(deadline)))
+        _driver.checkpoint(pid, _left(deadline))
+    except (_cc.DriverError, _cc.Timeout) as exc:
+        if process.exitcode is not None:  # a worker death: the watch reports it at the next save
+            return (f"the checkpoint worker (pid {pid}) died during its suspend "
+                    f"({_workers.describe_exit(process.exitcode)})")
+        why = f"the suspend of the checkpoint worker (pid {pid}) failed ({exc})"
+        _end(queue, caller, process, why, undo=True)
+        return why
+    with _lock:
+        _suspended[pid] = _Suspension(queue, caller, process, time.monotonic() - began)
+        _counts["suspends"] += 1
+        last.clear()
+        last.update(pid=pid, checkpoint_s=time.monotonic() - began)
+        if _exit_pid != os.getpid():
+            _exit_pid = os.getpid()
+            atexit.register(_at_exit)
+    logger.info("suspended the NVRx checkpoint worker (pid %s) in %.2f s: nothing of it is on "
+                "the device until it resumes", pid, time.monotonic() - began)
+    return None
+
+
+def resume(queue=None, wait=True):
+    """Restore and unlock the suspended workers of ``queue`` (None: all): in line, or with
+    ``wait=False`` each in a thread that ``ready`` waits for."""
+    with _lock:
+        mine = [s for s in _suspended.values() if queue is None or s.queue() is queue]
+    _resuming(mine, wait)
+
+
+def ready(queue=None, caller=None):
+    """Before ``queue``'s worker (or ``caller``'s) is given anything: resume it in line, or
+    wait for its resume in the background."""
+    with _lock:
+        found = [s for s in _suspended.values()
+                 if (caller is not None and s.caller is caller)
+                 or (queue is not None and s.queue() is queue)]
+    _resuming(found, wait=True)
+
+
+def _resuming(suspensions, wait):
+    """Start the resume of each of ``suspensions`` not yet started; with ``wait``, wait for
+    each (bounded: every driver call has the release timeout)."""
+    timeout = _config.release_timeout()
+    with _lock:
+        for s in suspensions:
+            if s.thread is None:
+                s.thread = threading.Thread(target=_resume, args=(s, timeout), daemon=True,
+                                            name="nvrx_ipc_fix-resume")
+                s.thread.start()
+    if wait:
+        for s in suspensions:
+            s.resumed.wait()
+
+
+def _resume(s, timeout):
+    """The resume thread: restore and unlock; a live worker that does not come back is
+    killed (its state is unknown), one that died is left to the watch."""
+    process, pid = s.process, s.process.pid
+    began = time.monotonic()
+    deadline = began + timeout
+    failed = None
+    try:
+        if process.exitcode is None:
+            _driver.restore(pid, _left(deadline))
+            _driver.unlock(pid, _left(deadline))
+    except (_cc.DriverError, _cc.Timeout) as exc:
+        failed = exc
+    with _lock:
+        _suspended.pop(pid, None)
+    try:
+        if process.exitcode is not None:
+            logger.warning("the NVRx checkpoint worker (pid %s) died while suspended (%s); "
+                           "its queue's next save reports it", pid,
+                           _workers.describe_exit(process.exitcode))
+        elif failed is not None:
+            _end(s.queue(), s.caller, process,
+                 f"the resume of the checkpoint worker (pid {pid}) failed ({failed})", undo=False)
+        else:
+            s.restore_s = time.monotonic() - began
+            _counts["resumes"] += 1
+            last.update(pid=pid, restore_s=s.restore_s, resumed_at=time.perf_counter())
+            logger.info("resumed the NVRx checkpoint worker (pid %s) in %.2f s, %.2f s after "
+                        "its suspend", pid, s.restore_s, time.monotonic() - s.began)
+    finally:
+        s.resumed.set()
+
+
+def _end(queue, caller, process, why, undo):
+    """After a failed suspend or resume of a live worker: with ``undo``, bring it back to
+    running and close it as ``restart`` does; where that fails, or without ``undo``, kill it.
+    The queue's next save starts a fresh worker; ``suspend`` is off from now on, said once."""
+    global _why
+    pid = process.pid
+    how = "killed"
+    if undo:
+        try:
+            state = _driver.state(pid, UNDO_TIMEOUT)
+            if state == _cc.CHECKPOINTED:
+                _driver.restore(pid, UNDO_TIMEOUT)
+            if state in (_cc.CHECKPOINTED, _cc.LOCKED):
+                _driver.unlock(pid, UNDO_TIMEOUT)
+            how = "closed" if _driver.state(pid, UNDO_TIMEOUT) == _cc.RUNNING else how
+        except (_cc.DriverError, _cc.Timeout):
+            pass
+    _why = f"{why}; the worker was {how}"
+    try:
+        if how == "closed" and queue is not None:
+            queue.close()
+        else:
+            process.kill()
+            process.join(5.0)
+    finally:
+        _workers.abandon(caller)
+        if queue is not None:
+            _workers.forget_caller(queue, caller)
+            with _lock:
+                _ended.add(queue)
+        message = (f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
+                   f"automatic release uses restart from now on")
+        logger.warning("%s", message)
+        _config.warn(message, ("suspend", "failed"))
+
+
+def _left(deadline):
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _cc.Timeout("the deadline passed")
+    return left
+
+
+def describe():
+    """For ``status()``: the automatic release's strategy in force and why; the counts."""
+    chosen = _config.auto_strategy()
+    if chosen != "suspend":
+        how = f"{chosen} ({_config.STRATEGY})"
+    elif _fix_missing() or _why is not None:
+        how = f"restart: suspend is not used here ({_fix_missing() or _why})"
+    elif _driver is not None:
+        how = "suspend: the CUDA driver's process checkpoint API works here"
+    else:
+        how = "suspend, if the CUDA driver's process checkpoint API works here (probed at the " \
+              "first suspend)"
+    return (f"{how}; {_counts['suspends']} suspend(s), {_counts['resumes']} resume(s), "
+            f"{len(_suspended)} suspended now")
+
+
+def _at_exit():
+    if _exit_pid == os.getpid():
+        resume(wait=True)
+
+
+def _forget():
+    """In a child of ``os.fork()``, or at ``reset()``: no worker is suspended by us."""
+    global _lock, _suspended, _ended, _driver, _why
+    _lock, _suspended, _ended = threading.Lock(), {}, weakref.WeakSet()
+    _driver = _why = None
+    _counts.update(suspends=0, resumes=0)
+    last.clear()
+
+
+_fork.in_child(_forget)
+_state.on_reset(_forget)

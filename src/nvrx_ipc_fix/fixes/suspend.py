@@ -1,0 +1,36 @@
+"""Fix ``suspend``: a suspended NVRx checkpoint worker (``core.suspend``) is resumed before it
+is given anything: before a save is scheduled on its queue, and before it is closed (its exit
+would wait for the device). Without this fix, ``suspend`` is not used: the release falls
+back to ``restart``.
+"""
+
+import sys
+
+from ..core import suspend as _suspend
+from ..core.detect import CORE
+from ..core.log import hook_failed
+
+SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
+CLOSE_TARGET = f"{CORE}:PersistentAsyncCaller.close"
+
+
+def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``AsyncCallsQueue.schedule_async_request``: the worker runs before the save
+    goes to it."""
+    _ready(SCHEDULE_TARGET, _finalizing, queue=queue)
+    return wrapped(*args, **kwargs)
+
+
+def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``PersistentAsyncCaller.close``: the worker runs before it is told to stop."""
+    _ready(CLOSE_TARGET, _finalizing, caller=caller)
+    return wrapped(*args, **kwargs)
+
+
+def _ready(target, finalizing, **whose):
+    if finalizing():  # the exit handler resumed every worker already
+        return
+    try:
+        _suspend.ready(**whose)
+    except Exception as exc:
+        hook_failed(target, exc)
