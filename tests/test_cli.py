@@ -239,9 +239,9 @@ def test_doctor_checks_every_setting_the_package_reads(tmp_path):
     for name in read:
         assert sum(line.startswith(f"ok    {name}: not set") for line in seen["lines"]) == 1, name
     assert seen["code"] == 0 and seen["lines"][-1].startswith("result: ok: "), seen["lines"]
-    bad = {"NVRX_IPC_FIX_STRATEGY": ("nuke", "is not one of flush, terminate, restart; using "
-                                              "the default (flush for release(), restart for "
-                                              "the automatic release)"),
+    bad = {"NVRX_IPC_FIX_STRATEGY": ("nuke", "is not one of flush, terminate, restart, suspend; "
+                                              "using the default (flush for release(), suspend "
+                                              "for the automatic release)"),
            "NVRX_IPC_FIX_STALL_TIMEOUT": ("-3", "is not a number of seconds >= 0 (or inf); "
                                                 "using 300"),
            "NVRX_IPC_FIX_RELEASE_TIMEOUT": ("0", "is not a number of seconds > 0 (or inf); "

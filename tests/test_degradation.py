@@ -112,9 +112,9 @@ def test_a_newer_nvrx_is_untested_once_and_in_status_and_doctor(newer):
     # the fixes still apply where their checks pass: as on the NVRx copied
     assert fixes(seen)["worker_watch"][0] == fixes(seen)["clear_on_close"][0] == "active"
     assert seen["watch_installed"] == list(WATCHED)
-    assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 2,  # watch, prewarm
-                             "AsyncCallsQueue.maybe_finalize_async_calls": 1,
-                             "PersistentAsyncCaller.close": 2,  # watch, clear_on_close
+    assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 3,  # watch, prewarm,
+                             "AsyncCallsQueue.maybe_finalize_async_calls": 1,  # suspend
+                             "PersistentAsyncCaller.close": 3,  # watch, clear_on_close, suspend
                              "PersistentAsyncCaller.async_process_target": 1}, seen["depth"]
     assert fixes(seen)["stale_guard"][0] == ("fixed_upstream" if nvrx == "0.7.0" else "active")
     nvrx_lines = [line for line in seen["doctor"] if line[6:].startswith("NVRx: ")]
@@ -143,10 +143,11 @@ def test_a_renamed_method_drops_the_whole_watch_and_says_so(renamed):
                if t["fix"] == "worker_watch"}
     assert {targets[f"{CORE}:{a}"] for a in WATCHED} == {"unsupported"}, targets
     assert seen["watch_installed"] == []
-    # only the other fixes' wrappers: clear_on_close's close, prewarm's schedule
-    assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 1,
+    # only the other fixes' wrappers: clear_on_close's and suspend's close, prewarm's and
+    # suspend's schedule
+    assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 2,
                              "AsyncCallsQueue.maybe_finalize_async_calls": 0,
-                             "PersistentAsyncCaller.close": 1,
+                             "PersistentAsyncCaller.close": 2,
                              "PersistentAsyncCaller.async_process_target": 0}, seen["depth"]
     assert fixes(seen)["clear_on_close"][0] == fixes(seen)["prewarm"][0] == "active"
     assert any(line.startswith("warn  fix worker_watch: unsupported: ") and DONE in line
@@ -217,4 +218,4 @@ lines = []""")
     assert err.count("boom") == 1, err
     assert fixes(seen)["worker_watch"][0] == "unsupported"
     assert fixes(seen)["clear_on_close"][0] == "error"  # its hook failed; its wrapper stays
-    assert seen["depth"]["PersistentAsyncCaller.close"] == 1 and seen["watch_installed"] == []
+    assert seen["depth"]["PersistentAsyncCaller.close"] == 2 and seen["watch_installed"] == []

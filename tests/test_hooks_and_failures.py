@@ -115,7 +115,8 @@ def test_unknown_shape_is_left_unpatched_with_the_reason():
         def close(self, force, abort=False):  # an NVRx whose close() looks different
             pass
         core.PersistentAsyncCaller.close = close
-        os.environ["NVRX_IPC_FIX_DISABLE"] = "worker_watch"  # its close wrapper takes any shape
+        # their close wrappers take any shape
+        os.environ["NVRX_IPC_FIX_DISABLE"] = "worker_watch,suspend"
         nvrx_ipc_fix.activate()
         target = [t for t in nvrx_ipc_fix.status().targets
                   if t.fix == "clear_on_close" and t.target.endswith(".close")][0]
@@ -140,7 +141,8 @@ def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change,
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
         schedule = core.AsyncCallsQueue.__dict__["schedule_async_request"]
         {change}
-        os.environ["NVRX_IPC_FIX_DISABLE"] = "prewarm"  # it wraps schedule_async_request too
+        # they wrap schedule_async_request too
+        os.environ["NVRX_IPC_FIX_DISABLE"] = "prewarm,suspend"
         nvrx_ipc_fix.activate()
         fix = {{f.name: f for f in nvrx_ipc_fix.status().fixes}}["worker_watch"]
         print(json.dumps({{"state": str(fix.state), "reason": fix.reason,

@@ -72,9 +72,12 @@ def run_steps(steps, env=None):
 def expected_depths(active, imported):
     """How many of our wrappers sit on each NVRx method in that state."""
     on = active and imported
-    return {"close": int(on) + int(on and expect("cache")),  # worker_watch, clear_on_close
+    # close: worker_watch, and where NVRx caches clear_on_close and suspend
+    return {"close": int(on) + 2 * int(on and expect("cache")),
             "is_current_async_call_done": int(on),
-            "schedule_async_request": int(on) + int(on and expect("warmup")),  # watch, prewarm
+            # schedule_async_request: worker_watch, prewarm, and where NVRx caches suspend
+            "schedule_async_request": int(on) + int(on and expect("warmup"))
+            + int(on and expect("cache")),
             "prepare_write_data": int(on and expect("cache") and not expect("upstream_ptrs"))}
 
 
@@ -147,11 +150,12 @@ def test_foreign_wrapper_on_top_is_kept_and_we_go_inert():
     log = dict((s, o) for s, o in run_steps(
         ["pkg", "nvrx", "foreign", "deactivate", "activate", "deactivate"]))
     close = f"{CORE}:PersistentAsyncCaller.close"
-    assert log["foreign"]["close"]["depth"] == 3  # worker_watch, clear_on_close, theirs
-    assert log["deactivate"]["close"]["depth"] == 3  # left in their chain, switched off
+    assert log["foreign"]["close"]["depth"] == 4  # worker_watch, clear_on_close, suspend, theirs
+    assert log["deactivate"]["close"]["depth"] == 4  # left in their chain, switched off
     assert log["deactivate"]["targets"][f"clear_on_close {close}"] == "disabled"
     assert log["deactivate"]["targets"][f"worker_watch {close}"] == "disabled"
-    assert log["activate"]["close"]["depth"] == 3  # re-enabled, never stacked
+    assert log["deactivate"]["targets"][f"suspend {close}"] == "disabled"
+    assert log["activate"]["close"]["depth"] == 4  # re-enabled, never stacked
 
 
 @pytest.mark.parametrize("fix", ["stale_guard", "worker_watch", "STALE_GUARD , clear_on_close"])
@@ -168,7 +172,8 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
     assert seen["prepare_write_data"]["depth"] == int(
         "stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
     assert seen["close"]["depth"] == (int("worker_watch" not in names)
-                                      + int("clear_on_close" not in names and expect("cache")))
+                                      + int("clear_on_close" not in names and expect("cache"))
+                                      + int(expect("cache")))  # suspend's
 
 
 def test_activation_and_patching_import_nothing_of_the_harness_or_the_cli():

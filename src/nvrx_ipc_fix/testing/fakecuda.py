@@ -1,6 +1,7 @@
 """A CPU stand-in for CUDA IPC, to drive NVRx's worker cache on a machine without a GPU.
 
-This is the only fake in the tests and the demo, and it fakes only the device:
+This and ``fakedriver`` (the CUDA driver's process checkpoint API) are the only fakes in the
+tests and the demo, and they fake only the device:
 
 * ``FakeCudaTensor`` reports ``cuda:0`` in the trainer process and its real CPU device in
   any other process. NVRx therefore puts it in its "GPU" bucket and caches it. Pickled to

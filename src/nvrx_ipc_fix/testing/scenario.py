@@ -213,7 +213,9 @@ class Trainer:
                 torch.cuda.set_device(rank % torch.cuda.device_count())
             # torchrun sets MASTER_ADDR/RANK/WORLD_SIZE; otherwise ranks meet in a shared file
             init = "env://" if "MASTER_ADDR" in os.environ else f"file://{directory}/pg"
-            dist.init_process_group("nccl" if self.cuda else "gloo", rank=rank,
+            # NCCL refuses two ranks on one device: ranks that share one meet over gloo
+            nccl = self.cuda and world_size <= torch.cuda.device_count()
+            dist.init_process_group("nccl" if nccl else "gloo", rank=rank,
                                     world_size=world_size, init_method=init)
         self.queue = core.AsyncCallsQueue(**_kwargs_accepted(
             core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
@@ -266,14 +268,19 @@ class Trainer:
 
     def measure(self):
         """Device memory now: used on the whole device, allocated and reserved by this process;
-        and how many checkpoint workers (processes) are alive."""
-        workers = len(checkpoint_workers())
+        how many checkpoint workers (processes) are alive, and the device memory (MiB) of
+        each that has any (``nvidia-smi``)."""
+        workers = checkpoint_workers()
         if not self.cuda:
-            return {"device_used": None, "allocated": None, "reserved": None, "workers": workers}
+            return {"device_used": None, "allocated": None, "reserved": None,
+                    "workers": len(workers), "workers_on_device": None}
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
+        apps = on_device()
         return {"device_used": total - free, "allocated": torch.cuda.memory_allocated(),
-                "reserved": torch.cuda.memory_reserved(), "workers": workers}
+                "reserved": torch.cuda.memory_reserved(), "workers": len(workers),
+                "workers_on_device": None if apps is None else
+                {str(pid): mib for pid, mib in apps.items() if pid in workers}}
 
     def _expected(self, i, version):
         return float(version * 1000 + i)
@@ -566,7 +573,7 @@ def _lifecycle(trainer, report, index, name):
     getattr(nvrx_ipc_fix, name)()
 
 
-@step("flush", "terminate", "restart", adds="releases")
+@step("flush", "terminate", "restart", "suspend", adds="releases")
 def _release(trainer, report, index, name):
     return dataclasses.asdict(nvrx_ipc_fix.release(trainer.queue, strategy=name))
 
@@ -579,6 +586,28 @@ def _offloading(trainer, report, index, name):
         trainer.onload()
     _add(report, "prewarms", _started(trainer))
     return dataclasses.asdict(released)
+
+
+@step("driver")
+@step("driver-", prefix=True)
+def _driver(trainer, report, index, name):
+    """Suspend through the CPU stand-in of the driver (``fakedriver``), with the faults that
+    follow ``driver-`` (joined by ``+``); the stand-in is ``trainer.driver``."""
+    from . import fakedriver
+
+    faults = name[len("driver-"):].split("+") if name.startswith("driver-") else ()
+    trainer.driver = fakedriver.install(faults)
+
+
+@step("resumed", adds="resumes")
+def _resumed(trainer, report, index, name):
+    """Wait until the suspended worker of the queue is running again; the last suspend's and
+    resume's timings, and the driver calls the stand-in saw."""
+    from ..core import suspend
+
+    suspend.ready(trainer.queue)
+    driver = getattr(trainer, "driver", None)
+    return dict(suspend.last, calls=[c for c, _ in driver.calls] if driver else None)
 
 
 @step("prewarm", adds="prewarms")
@@ -675,6 +704,21 @@ def resources(settle=5.0):
             break
         found = again
     return least
+
+
+def on_device():
+    """``{pid: MiB}`` of the processes with memory on the device (``nvidia-smi``), or None."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split(",") for line in out.splitlines() if line.strip()]
+    return {int(pid): int(mib) for pid, mib in rows if pid.strip().isdigit()
+            and mib.strip().isdigit()}
 
 
 def checkpoint_workers():

@@ -1,0 +1,117 @@
+"""A CPU stand-in for the CUDA driver's process checkpoint API, beside ``fakecuda``: it fakes
+only the driver's five calls, which ``core.cuda_checkpoint.Driver`` makes on it as on
+``libcuda`` (the same arguments, ``CUresult`` codes, deadlines).
+
+Each process's CUDA state is kept here. Lock stops the process (SIGSTOP), as a locked
+worker's CUDA calls wait, and unlock lets it go on (SIGCONT): a save or a close handed to a
+worker that is still suspended hangs, as on a GPU. Checkpoint and restore change the state
+only. A call on a process that is gone returns 304, as the H200's driver did for a worker
+killed while checkpointed. ``FAULTS`` names what a test can make go wrong.
+"""
+
+import os
+import signal
+import threading
+
+from ..core import cuda_checkpoint as cc
+
+OS_ERROR, ILLEGAL_STATE, TIMEOUT = 304, 401, 909  # CUresult codes
+FAULTS = {
+    "lock-busy": "lock waits out its timeout and fails (a worker busy on the device)",
+    "lock-hangs": "lock never returns, whatever its timeout (a worker that maps another "
+                  "process's memory)",
+    "checkpoint-fails": "checkpoint fails after the lock",
+    "restore-fails": "restore fails on a live worker",
+    "unlock-fails": "unlock fails",
+    "absent": "the driver has no process checkpoint API",
+}
+
+
+class StandIn:
+    """The driver's process states and the calls made on it."""
+
+    def __init__(self, faults=()):
+        unknown = set(faults) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
+        self.faults = set(faults)
+        self.states = {}  # pid -> CUprocessState, for the pids a call reached
+        self.calls = []  # (name, pid), in order
+
+    def load(self):
+        """What ``core.suspend.load_driver`` returns: ``(Driver, None)`` or ``(None, why)``."""
+        if "absent" in self.faults:
+            return None, "this CUDA driver has no process checkpoint API (stand-in)"
+        return cc.Driver({
+            "cuInit": lambda flags: 0,
+            "cuDriverGetVersion": lambda out: self._out(out, cc.FIRST_VERSION),
+            "cuCheckpointProcessGetState": self._state,
+            "cuCheckpointProcessLock": self._lock,
+            "cuCheckpointProcessCheckpoint": self._step("checkpoint", cc.LOCKED,
+                                                        cc.CHECKPOINTED),
+            "cuCheckpointProcessRestore": self._step("restore", cc.CHECKPOINTED, cc.LOCKED),
+            "cuCheckpointProcessUnlock": self._unlock}), None
+
+    @staticmethod
+    def _out(pointer, value):
+        pointer._obj.value = value
+        return 0
+
+    def _alive(self, pid):
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        with open(f"/proc/{pid}/stat", "rb") as stat:  # a zombie is gone too
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+
+    def _state(self, pid, out):
+        self.calls.append(("state", pid))
+        if not self._alive(pid):
+            return OS_ERROR
+        return self._out(out, self.states.get(pid, cc.RUNNING))
+
+    def _lock(self, pid, args):
+        self.calls.append(("lock", pid))
+        if not self._alive(pid):
+            return OS_ERROR
+        if "lock-hangs" in self.faults:
+            threading.Event().wait()
+        if "lock-busy" in self.faults:
+            threading.Event().wait(args._obj.timeoutMs / 1000)
+            return TIMEOUT
+        if self.states.get(pid, cc.RUNNING) != cc.RUNNING:
+            return ILLEGAL_STATE
+        os.kill(pid, signal.SIGSTOP)
+        self.states[pid] = cc.LOCKED
+        return 0
+
+    def _step(self, name, before, after):
+        def call(pid, args):
+            self.calls.append((name, pid))
+            if not self._alive(pid):
+                return OS_ERROR
+            if f"{name}-fails" in self.faults or self.states.get(pid) != before:
+                return ILLEGAL_STATE
+            self.states[pid] = after
+            return 0
+        return call
+
+    def _unlock(self, pid, args):
+        self.calls.append(("unlock", pid))
+        if not self._alive(pid):
+            return OS_ERROR
+        if "unlock-fails" in self.faults or self.states.get(pid) != cc.LOCKED:
+            return ILLEGAL_STATE
+        os.kill(pid, signal.SIGCONT)
+        self.states[pid] = cc.RUNNING
+        return 0
+
+
+def install(faults=()):
+    """Make ``core.suspend`` open this stand-in instead of ``libcuda``; returns it."""
+    from ..core import suspend
+
+    stand_in = StandIn(faults)
+    suspend.load_driver = stand_in.load
+    return stand_in
