@@ -1,9 +1,10 @@
-"""``restart`` against ``flush`` around offload, inference and onload (issue 27): how soon the
-next worker is ready, what the save after the onload blocks, and what an RL step costs.
+"""``suspend``, ``restart`` and ``flush`` around offload, inference and onload (issues 27 and
+35): how soon the worker is ready after the onload, what the save after the onload blocks,
+and what an RL step costs.
 
     python benchmarks/restart_wait.py --out benchmarks/results/h200-standby-nvrx070.jsonl \\
-        [--sizes 2g16,8g64,2g4096] [--strategies flush,restart] [--cycles 5] \\
-        [--inference 5] [--step 3] [--save-every 1] [--label NAME]
+        [--sizes 2g16,8g64,2g4096] [--strategies flush,restart,suspend,suspend-inline] \\
+        [--cycles 5] [--inference 5] [--step 3] [--matmuls N] [--save-every 1] [--label NAME]
 
 One process per (size, strategy), run in turn: two saves (the cache primed), then
 ``--cycles`` times: ``offloading(strategy=...)`` around offload, ``--inference`` seconds of
@@ -14,7 +15,11 @@ was ready after the onload and what took the time (up to the worker's start-up r
 start and its CUDA context; the pinning ahead; the rest), what the save after the onload
 blocked (waiting for the worker included), the CPU seconds of every process below the
 trainer (workers, the standby) over the cycle, the workers started and the host memory
-pinned. Every checkpoint is loaded back and compared value by value (``stale``); a watchdog
+pinned. ``suspend``: how long the suspend (lock, checkpoint) and the resume (restore, unlock)
+took, and when the resumed worker was ready after the onload; ``suspend-inline`` waits for
+the resume at the onload instead of running it beside the step. ``--matmuls N``: the
+training step is N bf16 8192x8192 products on the GPU (its time is reported) instead of a
+sleep of ``--step`` seconds. Every checkpoint is loaded back and compared value by value (``stale``); a watchdog
 reports a hang. Prints and appends one JSON line per case. Without CUDA it runs on the CPU
 stand-in (no device figures).
 """
@@ -49,19 +54,9 @@ def _descendants_cpu(pid):
     return seen
 
 
-def _on_device():
-    """Pids of the processes with memory on the device (``nvidia-smi``), or None."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sorted(int(line) for line in out.split() if line.strip().isdigit())
-
-
 def child(spec):
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import standby
+    from nvrx_ipc_fix.core import standby, suspend
     from nvrx_ipc_fix.testing import scenario
 
     cycles = []
@@ -81,18 +76,24 @@ def child(spec):
             trainer.offload()
             time.sleep(spec["inference"] / 2)
             measure = trainer.measure()
-            apps = _on_device()
+            apps = scenario.on_device()
             workers = scenario.checkpoint_workers()
             sb = standby._standby.pid if standby._standby is not None else None
             time.sleep(spec["inference"] / 2)
             trainer.onload()
             onloaded = time.perf_counter()
+        if spec.get("resume") == "inline":
+            suspend.ready(trainer.queue)
+        back = time.perf_counter()
         after = nvrx_ipc_fix.status()
         cycles.append({
             "release_s": round(released.seconds, 4), "measure": measure,
-            "on_device": apps, "worker_on_device": bool(apps and set(apps) & set(workers)),
+            "onload_blocked_s": round(back - onloaded, 4), "suspended": released.worker_suspended,
+            "checkpoint_s": suspend.last.get("checkpoint_s") if released.worker_suspended else None,
+            "on_device": sorted(apps or ()),
+            "worker_on_device": bool(apps and set(apps) & set(workers)),
             "standby": sb, "standby_on_device": bool(apps and sb in apps),
-            "prewarm_s": round(time.perf_counter() - onloaded, 4),
+            "prewarm_s": round(time.perf_counter() - onloaded, 4), "onloaded_at": onloaded,
             "cycle_began": began, "workers_started": after.prewarms - before.prewarms,
             "standby_status": after.standby})
 
@@ -101,10 +102,31 @@ def child(spec):
         if cycles:  # else: the baseline, after the first saves
             cycles[-1]["cpu_s"] = spent
 
-    scenario.EXTRA_STEPS.update({"offloading-bench": offloading, "cpu": step_done})
+    def training_step(trainer):  # from the onload to the save
+        import torch
+
+        began = time.perf_counter()
+        if spec.get("matmuls") and torch.cuda.is_available():
+            a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+            for _ in range(spec["matmuls"]):
+                a = (a @ a).clamp_(-1, 1)
+            torch.cuda.synchronize()
+            del a
+        else:
+            time.sleep(spec["step"])
+        cycles[-1]["step_s"] = round(time.perf_counter() - began, 4)
+        if cycles[-1]["suspended"]:  # the resume ran beside the step, or in line
+            suspend.ready(trainer.queue)
+            cycles[-1]["restore_s"] = suspend.last.get("restore_s")
+            cycles[-1]["ready_after_onload_s"] = round(
+                suspend.last["resumed_at"] - cycles[-1]["onloaded_at"], 4) \
+                if "resumed_at" in suspend.last else None
+
+    scenario.EXTRA_STEPS.update({"offloading-bench": offloading, "cpu": step_done,
+                                 "step": training_step})
     steps = ["save", "save", "cpu"]
     for i in range(spec["cycles"]):
-        steps += ["offloading-bench", f"sleep{spec['step']}", "ready"]
+        steps += ["offloading-bench", "step", "ready"]
         if (i + 1) % spec["save_every"] == 0:
             steps.append("save")
         steps.append("cpu")
@@ -136,6 +158,14 @@ def run_case(spec):
             "log": report["log"], "prewarm_failures": report["prewarm_failures"]}
 
 
+def _worker_mib(measures):
+    """The most device memory the worker processes held in one of ``measures``."""
+    known = [m.get("workers_on_device") for m in measures]
+    if any(k is None for k in known):
+        return "not measured"
+    return f"{max(sum(k.values()) for k in known)} MiB"
+
+
 def table(paths):
     """A Markdown table of the cases in these JSON-lines files. The first cycle is its own
     row where the standby was not ready at its onload (its worker was spawned)."""
@@ -148,9 +178,10 @@ def table(paths):
         return f"{statistics.median(values):.3f} / {max(values):.3f}{unit}"
 
     rows = ["| case | cycles | ready after onload (median / max) | of it: to the start-up "
-            "request / pinning | save after onload blocks (median / max) | workers on the "
-            "device during inference | standby on the device | CPU s per cycle (median) | "
-            "workers started per cycle | stale | hang |", "|" + "---|" * 11]
+            "request / pinning (restart); suspend / resume (suspend) | the onload blocks | "
+            "save after onload blocks (median / max) | worker processes during inference / "
+            "their device memory (nvidia-smi, max) | standby on the device | CPU s per cycle (median) | "
+            "workers started per cycle | stale | hang |", "|" + "---|" * 12]
     for path in paths:
         for line in open(path):
             case = json.loads(line)
@@ -170,13 +201,18 @@ def table(paths):
                 if not index:
                     continue
                 picked = [ready[i] for i in index]
+                kept = [cycles[i] for i in index if cycles[i].get("suspended")]
+                parts = ([[c.get("checkpoint_s") for c in kept], [c.get("restore_s") for c in kept]]
+                         if kept else [[r.get("first_request_s") for r in picked],
+                                       [r.get("pin_s") for r in picked]])
                 rows.append(
                     f"| {spec['size']} {name}{note} | {len(index)} | "
-                    f"{spread([r['ready_s'] for r in picked])} | "
-                    f"{spread([r.get('first_request_s') for r in picked])}; "
-                    f"{spread([r.get('pin_s') for r in picked])} | "
+                    f"{spread([c.get('ready_after_onload_s') for c in kept] if kept else [r['ready_s'] for r in picked])} | "
+                    f"{spread(parts[0])}; {spread(parts[1])} | "
+                    f"{spread([cycles[i].get('onload_blocked_s') for i in index])} | "
                     f"{spread([after[i] for i in index if i in after])} | "
-                    f"{max(c['measure']['workers'] for c in (cycles[i] for i in index))} | "
+                    f"{max(c['measure']['workers'] for c in (cycles[i] for i in index))} / "
+                    f"{_worker_mib([cycles[i]['measure'] for i in index])} | "
                     f"{'yes' if any(cycles[i]['standby_on_device'] for i in index) else 'no'} | "
                     f"{statistics.median(cycles[i].get('cpu_s', 0) for i in index):.2f} | "
                     f"{statistics.median(cycles[i]['workers_started'] for i in index):g} | "
@@ -191,11 +227,14 @@ def main():
     parser.add_argument("--report", nargs="+", metavar="JSONL", help="print the table of these")
     parser.add_argument("--out")
     parser.add_argument("--sizes", default="2g16,8g64,2g4096")
-    parser.add_argument("--strategies", default="flush,restart",
-                        help="flush, restart, restart-nostandby (NVRX_IPC_FIX_STANDBY=off)")
+    parser.add_argument("--strategies", default="flush,restart,suspend",
+                        help="flush, restart, restart-nostandby (NVRX_IPC_FIX_STANDBY=off), "
+                             "suspend, suspend-inline (the resume waited for at the onload)")
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--inference", type=float, default=5.0, help="seconds offloaded")
     parser.add_argument("--step", type=float, default=3.0, help="seconds from onload to save")
+    parser.add_argument("--matmuls", type=int, default=0,
+                        help="the step is this many bf16 8192x8192 products on the GPU instead")
     parser.add_argument("--save-every", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=120.0, help="per save")
     parser.add_argument("--label", default="")
@@ -208,6 +247,8 @@ def main():
         for strategy in args.strategies.split(","):
             spec = {"size": size, "strategy": strategy.split("-")[0],
                     "standby": strategy != "restart-nostandby", "cycles": args.cycles,
+                    "resume": "inline" if strategy == "suspend-inline" else "background",
+                    "matmuls": args.matmuls,
                     "inference": args.inference, "step": args.step,
                     "save_every": args.save_every, "timeout": args.timeout,
                     "label": args.label or strategy}
