@@ -48,15 +48,16 @@ class Driver:
     def __init__(self, api):
         self._api = api
 
-    def version(self):
+    def version(self, timeout=30.0):
         """The driver's API version (12080 for CUDA 12.8)."""
         found = ctypes.c_int(0)
-        self._check("cuDriverGetVersion", ctypes.byref(found))
+        bounded(lambda: self._check("cuDriverGetVersion", ctypes.byref(found)), timeout,
+                "cuDriverGetVersion")
         return found.value
 
-    def init(self):
+    def init(self, timeout=30.0):
         """``cuInit(0)``: restore needs it in the calling process."""
-        self._check("cuInit", 0)
+        bounded(lambda: self._check("cuInit", 0), timeout, "cuInit")
 
     def state(self, pid, timeout):
         """The ``CUprocessState`` of ``pid``."""
@@ -140,7 +141,7 @@ def load(in_use=True):
     try:
         driver.init()
         version = driver.version()
-    except DriverError as exc:
+    except (DriverError, Timeout) as exc:
         return None, f"the CUDA driver did not initialize ({exc})"
     if version < FIRST_VERSION:
         return None, (f"the CUDA driver's API version is {version}; the process checkpoint API "
