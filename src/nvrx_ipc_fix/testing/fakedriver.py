@@ -3,8 +3,10 @@ only the driver's five calls, which ``core.cuda_checkpoint.Driver`` makes on it 
 ``libcuda`` (the same arguments, ``CUresult`` codes, deadlines).
 
 Each process's CUDA state is kept here. Lock stops the process (SIGSTOP), as a locked
-worker's CUDA calls wait, and unlock lets it go on (SIGCONT): a save or a close handed to a
-worker that is still suspended hangs, as on a GPU. Checkpoint and restore change the state
+worker's CUDA calls wait, and unlock lets it go on (SIGCONT), each returning once the kernel
+shows the process stopped or running again, as the driver's calls return once the process is
+locked or unlocked: a save or a close handed to a worker that is still suspended hangs, as on
+a GPU. Checkpoint and restore change the state
 only. A call on a process that is gone returns 304, as the H200's driver did for a worker
 killed while checkpointed. ``FAULTS`` names what a test can make go wrong.
 """
@@ -12,6 +14,7 @@ killed while checkpointed. ``FAULTS`` names what a test can make go wrong.
 import os
 import signal
 import threading
+import time
 
 from ..core import cuda_checkpoint as cc
 
@@ -62,8 +65,17 @@ class StandIn:
             os.kill(pid, 0)
         except OSError:
             return False
-        with open(f"/proc/{pid}/stat", "rb") as stat:  # a zombie is gone too
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        return _proc_state(pid) not in (None, b"Z")  # a zombie is gone too
+
+    def _signal(self, pid, signum, stopped, timeout=10.0):
+        """Send ``signum``; return once ``pid`` is ``stopped`` (or not), or is gone."""
+        os.kill(pid, signum)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = _proc_state(pid)
+            if state in (None, b"Z") or (state in (b"T", b"t")) == stopped:
+                return
+            time.sleep(0.001)
 
     def _state(self, pid, out):
         self.calls.append(("state", pid))
@@ -82,7 +94,7 @@ class StandIn:
             return TIMEOUT
         if self.states.get(pid, cc.RUNNING) != cc.RUNNING:
             return ILLEGAL_STATE
-        os.kill(pid, signal.SIGSTOP)
+        self._signal(pid, signal.SIGSTOP, stopped=True)
         self.states[pid] = cc.LOCKED
         return 0
 
@@ -103,9 +115,18 @@ class StandIn:
             return OS_ERROR
         if "unlock-fails" in self.faults or self.states.get(pid) != cc.LOCKED:
             return ILLEGAL_STATE
-        os.kill(pid, signal.SIGCONT)
+        self._signal(pid, signal.SIGCONT, stopped=False)
         self.states[pid] = cc.RUNNING
         return 0
+
+
+def _proc_state(pid):
+    """The state letter of ``pid`` in /proc (``b"T"``: stopped), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def install(faults=()):
