@@ -410,3 +410,33 @@ def test_exit_with_a_worker_still_suspended_does_not_hang():
     while os.path.exists(f"/proc/{found['pid']}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{found['pid']}")  # the worker is gone, not left stopped
+
+
+# The resume cannot start a thread (the package's own defect, or a process out of threads).
+NO_THREADS = """
+    import threading, types
+    import nvrx_ipc_fix.core.suspend as _suspend
+
+    class _Unstartable(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    _suspend.threading = types.SimpleNamespace(Thread=_Unstartable, Lock=threading.Lock,
+                                               Event=threading.Event)
+"""
+
+
+def test_a_resume_that_cannot_run_ends_the_worker_and_the_save_loads():
+    """Not a hang: the suspended worker is killed, one RuntimeWarning, a fresh worker takes
+    the save, and the release uses restart from then on."""
+    steps = ["driver", "save", "save", "suspend", "save", "suspend", "save"]
+    report = scenario(steps, prelude=PRELUDE + NO_THREADS)
+    assert report["hang"] is None, report["stderr"]
+    assert stale(report) == [0, 0, 0, 0]
+    old = report["saves"][1]["worker"]
+    assert report["releases"][0]["worker_suspended"] is True
+    assert report["saves"][2]["worker"] not in (None, old)
+    (warning,) = runtime_warnings(report)
+    assert (f"the resume of the checkpoint worker (pid {old}) could not run (RuntimeError: "
+            "can't start new thread)" in warning and "the worker was killed" in warning)
+    assert report["releases"][1]["strategy"] == "restart"

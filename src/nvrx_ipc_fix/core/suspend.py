@@ -170,7 +170,17 @@ def ready(queue=None, caller=None):
         found = [s for s in _suspended.values()
                  if (caller is not None and s.caller is caller)
                  or (queue is not None and s.queue() is queue)]
-    _resuming(found, wait=True)
+    try:
+        _resuming(found, wait=True)
+    except Exception as exc:  # the package's own defect: no worker may stay suspended
+        for s in found:
+            if s.thread is None:  # its resume could not start: end it, as a failed resume
+                with _lock:
+                    _suspended.pop(s.process.pid, None)
+                _end(s.queue(), s.caller, s.process, f"the resume of the checkpoint worker "
+                     f"(pid {s.process.pid}) could not run ({type(exc).__name__}: {exc})",
+                     undo=False)
+                s.resumed.set()
 
 
 def _resuming(suspensions, wait):
@@ -180,9 +190,10 @@ def _resuming(suspensions, wait):
     with _lock:
         for s in suspensions:
             if s.thread is None:
-                s.thread = threading.Thread(target=_resume, args=(s, timeout), daemon=True,
-                                            name="nvrx_ipc_fix-resume")
-                s.thread.start()
+                thread = threading.Thread(target=_resume, args=(s, timeout), daemon=True,
+                                          name="nvrx_ipc_fix-resume")
+                thread.start()
+                s.thread = thread
     if wait:
         for s in suspensions:
             s.resumed.wait()
