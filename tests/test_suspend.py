@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import GPU, needs_cache, run_code, run_process, scenario
+from conftest import GPU, needs_cache, run_code, run_process, scenario, scenario_ranks
 from test_auto_release import NEMO
 
 pytestmark = [needs_cache, pytest.mark.worker]
@@ -246,19 +246,20 @@ def test_status_says_restart_while_the_suspend_fix_is_disabled():
 FAULT_STEPS = ["save", "save", "suspend", "seen#suspended", "save", "seen#saved", "suspend",
                "save"]
 #: fault -> the stand-in's calls after the first suspend, after the save that follows it;
-#: whether that suspend failed (else its resume did)
+#: whether that suspend failed (else its resume did); how the worker was ended. A lock past
+#: its deadline may still lock the worker later: it is killed, never closed.
 FAULTS = {
-    "lock-busy": (["state", "lock", "state", "state"], None, True),
-    "lock-hangs": (["state", "lock", "state", "state"], None, True),
-    "checkpoint-fails": (SUSPEND_CALLS + ["state", "unlock", "state"], None, True),
-    "restore-fails": (SUSPEND_CALLS, SUSPEND_CALLS + ["restore"], False),
-    "unlock-fails": (SUSPEND_CALLS, SUSPEND_CALLS + RESUME_CALLS, False),
+    "lock-busy": (["state", "lock", "state", "state"], None, True, "closed"),
+    "lock-hangs": (["state", "lock"], None, True, "killed"),
+    "checkpoint-fails": (SUSPEND_CALLS + ["state", "unlock", "state"], None, True, "closed"),
+    "restore-fails": (SUSPEND_CALLS, SUSPEND_CALLS + ["restore"], False, "killed"),
+    "unlock-fails": (SUSPEND_CALLS, SUSPEND_CALLS + RESUME_CALLS, False, "killed"),
 }
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_driver_fault_ends_the_worker_warns_once_and_the_next_saves_load(fault):
-    after_suspend, after_save, suspend_fails = FAULTS[fault]
+    after_suspend, after_save, suspend_fails, how = FAULTS[fault]
     report = scenario([f"driver-{fault}", *FAULT_STEPS], prelude=PRELUDE, env=FAST)
     assert report["hang"] is None, report["stderr"]
     assert stale(report) == [0, 0, 0, 0]
@@ -273,10 +274,10 @@ def test_a_driver_fault_ends_the_worker_warns_once_and_the_next_saves_load(fault
         assert first["worker_terminated"] is True
         assert first["worker_suspended"] is False and first["worker_kept"] is False
         assert first["seconds"] < 9  # the release timeout (2 s), not the lock's 10 s
-        what, how = "suspend", "closed"
+        what = "suspend"
     else:  # suspended; its resume, before the next save, failed: the worker was killed
         assert first["worker_suspended"] is True and first["error"] is None
-        what, how = "resume", "killed"
+        what = "resume"
     third = report["saves"][2]
     assert third["worker"] not in (None, old)  # a fresh worker took the save
     why = f"the {what} of the checkpoint worker (pid {old}) failed"
@@ -440,3 +441,83 @@ def test_a_resume_that_cannot_run_ends_the_worker_and_the_save_loads():
     assert (f"the resume of the checkpoint worker (pid {old}) could not run (RuntimeError: "
             "can't start new thread)" in warning and "the worker was killed" in warning)
     assert report["releases"][1]["strategy"] == "restart"
+
+
+def test_two_ranks_each_suspend_their_own_worker_and_a_kill_on_one_is_one_error_each(tmp_path):
+    """gloo on CPU: no collective is added; rank 1's worker is killed while suspended, the
+    save after it raises one error on every rank (the finalize's all-reduce), and the next
+    save loads on both."""
+    steps = ("driver,save,save,suspend,save,suspend,kill-worker@1,save?,save,suspend,"
+             "resumed")
+    reports = scenario_ranks(steps, tmp_path)
+    for report in reports:
+        assert report["hang"] is None, report["stderr"]
+        releases = report["releases"]
+        assert [r["worker_suspended"] for r in releases] == [True, True, True], releases
+        (call,) = report["calls"]
+        assert call["error"]["type"] == "CheckpointWorkerError", (report["rank"], call)
+        saves = report["saves"]
+        assert [s["stale"] for s in saves] == [0, 0, 0, 0]
+        assert saves[2]["worker"] == saves[1]["worker"]  # kept through the first suspend
+    killed = [r["saves"][3]["worker"] != r["saves"][2]["worker"] for r in reports]
+    assert killed == [False, True]  # only rank 1 needed a fresh worker
+    pids = [{s["worker"] for s in r["saves"]} for r in reports]
+    assert not pids[0] & pids[1]  # each rank its own worker
+
+
+def test_no_deadline_release_timeout_inf_suspends_and_resumes():
+    """NVRX_IPC_FIX_RELEASE_TIMEOUT=inf: the driver calls wait as long as they take."""
+    report = scenario(["driver", "save", "save", "suspend", "save"],
+                      env={"NVRX_IPC_FIX_RELEASE_TIMEOUT": "inf"})
+    assert report["hang"] is None, report["stderr"]
+    (release,) = report["releases"]
+    assert release["worker_suspended"] is True and release["error"] is None, release
+    assert stale(report) == [0, 0, 0]
+    assert report["saves"][2]["worker"] == report["saves"][1]["worker"]
+
+
+# Ctrl-C while the driver checkpoints the worker (the stand-in's call raises it, as the
+# interrupted wait for it would).
+INTERRUPTED = """
+    import json, tempfile
+    import nvrx_ipc_fix
+    from nvrx_ipc_fix.core import suspend
+    from nvrx_ipc_fix.testing import fakedriver, scenario
+
+    trainer = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
+    stand_in = fakedriver.install()
+    trainer.save()
+    trainer.save()
+    old = trainer.worker().pid
+
+    def interrupted(pid, args):
+        raise KeyboardInterrupt
+
+    def load():
+        driver, why = stand_in.load()
+        driver._api["cuCheckpointProcessCheckpoint"] = interrupted
+        return driver, why
+
+    suspend.load_driver = load
+"""
+
+
+def test_a_suspend_interrupted_in_the_driver_ends_the_worker_and_the_next_save_loads():
+    code = INTERRUPTED + """
+    try:
+        nvrx_ipc_fix.release(trainer.queue, strategy="suspend")
+        raised = None
+    except KeyboardInterrupt:
+        raised = "KeyboardInterrupt"
+    path, version = trainer.save()[2:]
+    print(json.dumps({"raised": raised, "old": old, "new": trainer.worker().pid,
+                      "stale": trainer.stale_tensors(path, version),
+                      "status": nvrx_ipc_fix.status().suspend}))
+    """
+    rc, out, err = run_code(code, timeout=60)
+    assert rc == 0, err
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["raised"] == "KeyboardInterrupt"  # the user's interrupt reaches the user
+    assert found["new"] not in (None, found["old"]) and found["stale"] == 0
+    assert found["status"].startswith("suspend: ")  # an interrupt is no defect: suspend stays
+    assert "RuntimeWarning" not in err

@@ -96,7 +96,7 @@ class Driver:
 
 def bounded(call, timeout, name):
     """Run ``call()`` in a daemon thread; its result or exception, or ``Timeout`` after
-    ``timeout`` seconds (the thread is left to finish in the driver)."""
+    ``timeout`` seconds (``inf``: none; the thread is left to finish in the driver)."""
     outcome = []
 
     def run():
@@ -107,7 +107,7 @@ def bounded(call, timeout, name):
 
     thread = threading.Thread(target=run, name=f"nvrx_ipc_fix-{name}", daemon=True)
     thread.start()
-    thread.join(max(0.0, timeout))
+    thread.join(None if timeout == float("inf") else max(0.0, timeout))
     if not outcome:
         raise Timeout(f"{name} did not return within {timeout:g} s")
     ok, value = outcome[0]

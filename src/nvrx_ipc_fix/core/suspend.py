@@ -140,8 +140,12 @@ def suspend(queue, caller, timeout):
             return (f"the checkpoint worker (pid {pid}) died during its suspend "
                     f"({_workers.describe_exit(process.exitcode)})")
         why = f"the suspend of the checkpoint worker (pid {pid}) failed ({exc})"
-        _end(queue, caller, process, why, undo=True)
+        # a call past its deadline may still lock the worker later: never close it then
+        _end(queue, caller, process, why, undo=not isinstance(exc, _cc.Timeout))
         return why
+    except BaseException:  # interrupted: its state is unknown, and no one resumes it
+        _finish(queue, caller, process, undo=False)
+        raise
     with _lock:
         _suspended[pid] = _Suspension(queue, caller, process, time.monotonic() - began)
         _counts["suspends"] += 1
@@ -233,10 +237,23 @@ def _resume(s, timeout):
 
 
 def _end(queue, caller, process, why, undo):
-    """After a failed suspend or resume of a live worker: with ``undo``, bring it back to
-    running and close it as ``restart`` does; where that fails, or without ``undo``, kill it.
-    The queue's next save starts a fresh worker; ``suspend`` is off from now on, said once."""
+    """After a failed suspend or resume of a live worker: end it (``_finish``); ``suspend``
+    is off from now on, said once."""
     global _why
+    _why = f"{why}; the worker was killed"
+    try:
+        _why = f"{why}; the worker was {_finish(queue, caller, process, undo)}"
+    finally:
+        message = (f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
+                   f"automatic release uses restart from now on")
+        logger.warning("%s", message)
+        _config.warn(message, ("suspend", "failed"))
+
+
+def _finish(queue, caller, process, undo):
+    """End a worker whose suspend or resume did not complete: with ``undo``, bring it back to
+    running and close it as ``restart`` does; where that fails, or without ``undo``, kill it.
+    The queue's next save starts a fresh worker (the onload prewarms it). Returns how."""
     pid = process.pid
     how = "killed"
     if undo:
@@ -249,7 +266,6 @@ def _end(queue, caller, process, why, undo):
             how = "closed" if _driver.state(pid, UNDO_TIMEOUT) == _cc.RUNNING else how
         except (_cc.DriverError, _cc.Timeout):
             pass
-    _why = f"{why}; the worker was {how}"
     try:
         if how == "closed" and queue is not None:
             queue.close()
@@ -262,10 +278,7 @@ def _end(queue, caller, process, why, undo):
             _workers.forget_caller(queue, caller)
             with _lock:
                 _ended.add(queue)
-        message = (f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
-                   f"automatic release uses restart from now on")
-        logger.warning("%s", message)
-        _config.warn(message, ("suspend", "failed"))
+    return how
 
 
 def _left(deadline):
