@@ -33,7 +33,7 @@ def test_json_status_matches_the_installed_nvrx():
                                     "active" if EXPECT[NVRX]["warmup"] else "not_applicable")
     if NVRX is None:
         assert fixes == {"clear_on_close": "pending", "stale_guard": "pending",
-                         "release_on_offload": "not_applicable"}
+                         "release_on_offload": "not_applicable", "suspend": "pending"}
         assert all("not installed" in t["reason"] for t in status["targets"]
                    if t["target"].startswith("nvidia_resiliency_ext"))
     elif not EXPECT[NVRX]["cache"]:
@@ -43,7 +43,7 @@ def test_json_status_matches_the_installed_nvrx():
         assert {t["state"] for t in megatron} == {"not_applicable"}
         assert all("has no worker cache" in t["reason"] for t in megatron)
     else:
-        assert fixes["clear_on_close"] == "active"
+        assert fixes["clear_on_close"] == fixes["suspend"] == "active"
         assert fixes["stale_guard"] == ("fixed_upstream" if EXPECT[NVRX]["upstream_ptrs"]
                                         else "active")
         assert status["features"]["FileSystemWriterAsync._cached_identifiers"] == "set"
