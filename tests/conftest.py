@@ -35,14 +35,15 @@ EXPECT = {
     #        warmup: AsyncCallsQueue.warmup_persistent_caller (a worker can start before a save)
     #        daemon: the persistent worker is daemonic by default (multiprocessing's exit
     #        handler SIGTERMs it)
+    #        sigterm: close(abort=True) SIGTERMs the worker and waits sigterm_timeout for it
     "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False,
-                  warmup=False, daemon=False),
+                  warmup=False, daemon=False, sigterm=False),
     "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=True,
-                  warmup=False, daemon=False),
+                  warmup=False, daemon=False, sigterm=False),
     "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False, worker_loop=True,
-                  warmup=True, daemon=True),
+                  warmup=True, daemon=True, sigterm=False),
     "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True, worker_loop=True,
-                  warmup=True, daemon=True),
+                  warmup=True, daemon=True, sigterm=True),
 }
 try:
     MCORE = metadata.version("megatron-core")

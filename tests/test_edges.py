@@ -12,8 +12,8 @@ import tempfile
 
 import pytest
 
-from conftest import (NVRX, expect, lacks, last_json, needs_cache, needs_nvrx, needs_warmup,
-                      pth_installed, run_process, run_python)
+from conftest import (EXPECT, NVRX, expect, lacks, last_json, needs_cache, needs_nvrx,
+                      needs_warmup, pth_installed, run_process, run_python)
 
 NAN, INF = "nan", "inf"
 
@@ -287,6 +287,49 @@ def test_an_aborted_worker_whose_sigterm_reached_another_thread_ends_at_once():
     abort is a SIGKILL."""
     seen = run_python(ABORTED, timeout=240)
     assert seen["aborted_s"] < 5, seen  # 30.4 s before
+    assert seen["exitcode"] is not None and seen["new_worker"] and seen["stale"] == 0, seen
+
+
+# The user's own abort (NeMo RL's and Megatron's abort_nvrx_checkpoint(), close(abort=True)),
+# with SIGTERM blocked in the worker's main thread as above.
+USER_ABORT = """
+    import json, os, tempfile, time
+    import nvrx_ipc_fix
+    from nvrx_ipc_fix.core import release as _release
+    from nvrx_ipc_fix.testing import faults, scenario
+    if os.environ.get("WITHOUT_THE_WAKE"):
+        from nvrx_ipc_fix.fixes import worker_watch
+        worker_watch._wake = lambda caller: None
+    with tempfile.TemporaryDirectory() as d:
+        t = scenario.Trainer(d, 4, 256, starts="forkserver")
+        t.save()
+        assert _release.run_in_worker(t.queue, faults.sigterm_to_other_threads, (), 30) is None
+        worker = t.worker()
+        t.queue.persistent_caller.sigterm_timeout = 6.0  # NVRx's default: 30 s
+        began = time.monotonic()
+        t.queue.close(abort=True)
+        aborted_s = time.monotonic() - began
+        _, _, path, version = t.save()
+        print(json.dumps({"aborted_s": aborted_s, "exitcode": worker.exitcode,
+                          "new_worker": t.worker().pid != worker.pid,
+                          "stale": t.stale_tensors(path, version)}))
+        t.close()
+"""
+
+
+@needs_cache
+@pytest.mark.worker
+@pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("sigterm"),
+                    reason=lacks("aborts with a SIGKILL (no sigterm_timeout)"))
+@pytest.mark.parametrize("wake", [True, False], ids=["with-the-wake", "without"])
+def test_the_users_abort_of_a_worker_whose_sigterm_reached_another_thread(wake):
+    """NVRx 0.7.0's close(abort=True) waits sigterm_timeout (30 s; 6 s here) for a handler
+    only the worker's main thread runs, blocked reading its next request: the watch wakes it."""
+    seen = run_python(USER_ABORT, timeout=240, env=None if wake else {"WITHOUT_THE_WAKE": "1"})
+    if wake:
+        assert seen["aborted_s"] < 2, seen
+    else:  # NVRx's own wait, to its sigterm_timeout: the reproduction
+        assert seen["aborted_s"] > 5.5, seen
     assert seen["exitcode"] is not None and seen["new_worker"] and seen["stale"] == 0, seen
 
 

@@ -284,26 +284,10 @@ def run_in_worker(queue, function, args, timeout):
         if not answered:
             process = _workers.process_of(caller)
             if process is not None and process.is_alive():
-                _abort(queue, caller, process)
+                queue.close(abort=True)  # the worker watch wakes it for NVRx 0.7.0's
             else:
                 _workers.abandon(caller)
                 _workers.forget_caller(queue, caller)
-
-
-def _abort(queue, caller, process):
-    """``queue.close(abort=True)``. Where NVRx's abort SIGTERMs the worker and waits up to
-    ``sigterm_timeout`` for its handler (0.7.0: 30 s), the signal may reach the worker's
-    queue feeder thread, and the main thread, blocked reading its next request, does not
-    run the handler before the 30 s pass: a ``DONE`` sent after the signal wakes it (it
-    then ends through the handler or, having read ``DONE``, as a close ends it). The
-    class's ``put``: the interrupted one may be the instance's."""
-    if hasattr(caller, "sigterm_timeout"):
-        process.terminate()
-        try:
-            type(caller.queue).put(caller.queue, "DONE")
-        except (OSError, ValueError):  # a closed queue: nothing to wake
-            pass
-    queue.close(abort=True)
 
 
 def _answer(caller, process, timeout):

@@ -321,7 +321,8 @@ def _consume(caller, state, save):
 def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``PersistentAsyncCaller.close``: never wait on a dead worker; one that dies
     during the close is let go with its queues (NVRx 0.4.1 would start the next worker on
-    them: a lock or a ``DONE`` the dead one left holds that worker up for ever)."""
+    them: a lock or a ``DONE`` the dead one left holds that worker up for ever). An abort
+    wakes the worker first (``_wake``)."""
     if _finalizing():  # bound early: module globals are gone by then
         if getattr(caller, "process", None) is None:
             return None  # nothing to close (a worker we let go)
@@ -337,6 +338,11 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     def unblock():
         _workers.release_join(_workers.queues_of(caller)[0])
 
+    try:
+        if hasattr(caller, "sigterm_timeout") and flags(wrapped, args, kwargs, "abort")[0]:
+            _wake(caller)
+    except Exception as exc:  # the package's own defect: NVRx's abort runs as without it
+        hook_failed(_target(wrapped), exc)
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
     if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
@@ -345,6 +351,20 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
         except Exception as exc:  # the package's own defect: the close itself is done
             hook_failed(_target(wrapped), exc)
     return result
+
+
+def _wake(caller):
+    """Before NVRx 0.7.0's abort, which SIGTERMs the worker and waits ``sigterm_timeout``
+    (30 s) for its handler: where the signal reaches the worker's queue feeder thread, only
+    the main thread, blocked reading its next request, runs the handler, once it wakes. A
+    ``DONE`` wakes it: it then ends through the handler or, having read ``DONE``, as a close
+    ends it. The class's ``put``: the instance's may be the one that was interrupted."""
+    requests = _workers.queues_of(caller)[0]
+    if requests is not None:
+        try:
+            type(requests).put(requests, "DONE")
+        except (OSError, ValueError):  # a closed queue: nothing to wake
+            pass
 
 
 def worker_loop_wrapper(wrapped, instance, args, kwargs):
