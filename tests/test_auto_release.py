@@ -152,3 +152,34 @@ def test_restart_at_nemo_rl_s_offload_and_onload_points_by_default():
     assert after_value["worker_before"] == after_value["worker"] == at_value["pid"]
     assert report["prewarms_total"] == 2  # prepare_for_training found the worker started
     assert report["releases_total"] == 3 and report["prewarm_failures"] == 0
+
+
+# NVRx's own close raises once (after doing its work), as a failing close of NVRx would.
+CLOSE_RAISES = """
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import core as _core
+    _close = _core.AsyncCallsQueue.close
+    _raised = []
+
+    def close(self, *args, **kwargs):
+        _close(self, *args, **kwargs)
+        if not _raised:
+            _raised.append(True)
+            raise RuntimeError("NVRx's close failed")
+
+    _core.AsyncCallsQueue.close = close
+"""
+
+
+def test_an_nvrx_error_in_the_release_s_close_reaches_the_offload_s_caller():
+    """Not the package's defect: the offload does its work, then raises NVRx's error, once;
+    the next save loads."""
+    report = scenario(["save", "save", "offload_before_refit?", "prepare_for_training", "save"],
+                      prelude=NEMO + CLOSE_RAISES, env={"NVRX_IPC_FIX_STRATEGY": "restart"})
+    assert report["hang"] is None, report["stderr"]
+    (call,) = report["calls"]
+    assert call["error"] is not None, report["stderr"]  # without the hold: a warning only
+    assert call["error"]["type"] == "RuntimeError", call
+    assert call["error"]["message"].startswith("NVRx's close failed"), call
+    assert call["moved"] == 2  # the offload moved the model and the optimizer all the same
+    assert "hook on" not in report["stderr"]  # not reported as the package's own defect
+    assert [s["stale"] for s in report["saves"]] == [0, 0, 0]

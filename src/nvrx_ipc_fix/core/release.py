@@ -113,10 +113,11 @@ def saved_since_release(queue) -> bool:
 
 def released(queue, strategy, timeout):
     """``release()``'s work, arguments checked: ``(report, failure)``. ``failure`` is what
-    finalizing the pending saves raised (a dead worker, NVRx's or torch's error), held back
-    until the release is done, for the caller to raise. The package's own defect raises,
-    unless a failure is held: then the report is None and the failure names the defect."""
-    held = []  # the failures of the queues' finalizes: the first is raised, the rest noted
+    NVRx raised in it (finalizing the pending saves: a dead worker, NVRx's or torch's error;
+    closing or aborting the worker), held back until the release is done, for the caller to
+    raise. The package's own defect raises, unless a failure is held: then the report is
+    None and the failure names the defect."""
+    held = []  # what NVRx raised in the release: the first is raised, the rest noted
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
         report = _release(queue, strategy, timeout, held)
@@ -132,22 +133,29 @@ def released(queue, strategy, timeout):
     finally:
         _local.depth -= 1
     for other in held[1:]:
-        add_note(held[0], f"nvrx_ipc_fix: another queue's finalize in the same release failed "
-                          f"too: {type(other).__name__}: {other}")
+        add_note(held[0], f"nvrx_ipc_fix: NVRx raised again in the same release: "
+                          f"{type(other).__name__}: {other}")
     return report, (held[0] if held else None)
+
+
+def _upstream(call):
+    """Run NVRx's ``call()``: ``(its result, None)``, or ``(None, its failure)`` (a dead
+    worker, NVRx's or torch's error), held for the caller to raise once the release is done.
+    An interrupt is not held."""
+    try:
+        return call(), None
+    except STOP:
+        raise
+    except BaseException as failure:  # torch's CheckpointException is a BaseException
+        return None, failure
 
 
 def _finalize(queue):
     """Finalize ``queue``'s pending saves as its own finalize does (``no_dist`` as the last
     ``maybe_finalize_async_calls`` call on it, NVRx's default before any): no rank enters a
     collective here that its peers' own finalize would not. Returns the failure, if any."""
-    try:
-        queue.maybe_finalize_async_calls(blocking=True, no_dist=_workers.finalize_no_dist(queue))
-    except STOP:
-        raise
-    except BaseException as failure:  # torch's CheckpointException is a BaseException
-        return failure
-    return None
+    return _upstream(lambda: queue.maybe_finalize_async_calls(
+        blocking=True, no_dist=_workers.finalize_no_dist(queue)))[1]
 
 
 def _release(queue, strategy, timeout, held):
@@ -206,12 +214,18 @@ def _release(queue, strategy, timeout, held):
             continue
         _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
         if strategy in ("terminate", "restart"):
-            q.close()
+            failure = _upstream(q.close)[1]
+            if failure is not None:
+                held.append(failure)
             terminated = True
         else:
             from .worker import drop_cache
 
-            error = run_in_worker(q, drop_cache, (), timeout)
+            # NVRx's queues, or its abort of a worker that did not answer, may raise
+            error, failure = _upstream(lambda: run_in_worker(q, drop_cache, (), timeout))
+            if failure is not None:
+                held.append(failure)
+                error = f"the request to the worker failed ({type(failure).__name__})"
             if not error and strategy == "suspend":
                 error = _suspend.suspend(q, q.persistent_caller, timeout)
                 suspended = suspended or not error
