@@ -9,7 +9,7 @@ a call from another thread.
 
 import pytest
 
-from conftest import EXPECT, NVRX, needs_nvrx, run_python
+from conftest import EXPECT, NVRX, needs_nvrx, run_python, scenario
 
 pytestmark = [needs_nvrx, pytest.mark.skipif(
     not EXPECT.get(NVRX, {}).get("stale"), reason=f"NVRx {NVRX} needs no guard: the guard "
@@ -125,3 +125,27 @@ def test_what_nvrx_sends_after_each_change_of_storage():
         "raised": "resolve failed", "failing_untouched": True, "after_failure": None,
         "own_kept": True, "late": True, "late_then": None, "thread": True,
     }
+
+
+# The guard's check fails (the package's own defect, or a shape it does not know), save after
+# save: the guard cannot tell whether the storage moved.
+CHECK_FAILS = """
+    from nvrx_ipc_fix.fixes import stale_guard as _guard
+
+    def _moved(cached, tensors):
+        raise TypeError("the check failed")
+
+    _guard._moved = _moved
+"""
+
+
+@pytest.mark.worker
+def test_a_check_that_fails_sends_the_tensors_again_and_every_save_is_current():
+    """Not the guard off for that save (NVRx 0.6.0 then wrote the old values, with only the
+    first failure's warning): the tensors are sent again, one RuntimeWarning for all."""
+    report = scenario(["save", "save", "replace", "save", "replace", "save", "save"],
+                      prelude=CHECK_FAILS)
+    assert report["hang"] is None, report["stderr"]
+    assert [s["stale"] for s in report["saves"]] == [0] * 5
+    assert report["stderr"].count("RuntimeWarning: nvrx_ipc_fix: hook on") == 1, report["stderr"]
+    assert "the check failed" in report["stderr"]

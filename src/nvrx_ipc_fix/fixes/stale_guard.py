@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import weakref
 
-from ..core.cleanup import on_forget
+from ..core.cleanup import forget_keys, on_forget
 from ..core.detect import FS
 from ..core.log import hook_failed
 
@@ -58,9 +58,9 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         restore()
     try:
         again = _reused_but_moved(instance, plan, planner, resolved)
-    except Exception as exc:
+    except Exception as exc:  # unknown whether it moved: send again, never a stale save
         hook_failed(PREPARE_TARGET, exc)
-        again = False
+        again = _resend_if_reused(instance)
     if again:  # the key is gone: NVRx now sends the tensors (its errors are its own)
         result = wrapped(*args, **kwargs)
     try:
@@ -126,6 +126,20 @@ def _reused_but_moved(instance, plan, planner, resolved) -> bool:
     _sent.pop(key, None)
     _discard(sys.modules[FS].FileSystemWriterAsync._cached_identifiers, key)
     return True
+
+
+def _resend_if_reused(instance) -> bool:
+    """After a failed check: if NVRx reused the worker's cache, forget every key, so that
+    NVRx sends the tensors (True). Each save the check cannot decide is sent whole."""
+    try:
+        reused = (getattr(instance, "consistent_data_identifier", None) is not None
+                  and getattr(instance, "cached_tensor_data", None) is None)
+        if reused:
+            forget_keys()
+        return reused
+    except Exception as exc:
+        hook_failed(PREPARE_TARGET, exc)
+        return False
 
 
 def _moved(cached, tensors) -> bool:
