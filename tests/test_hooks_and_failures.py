@@ -183,3 +183,53 @@ def test_a_defect_in_the_schedule_bookkeeping_falls_back_whole(where):
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0]
     assert report["call_idx"] == [0, 1, 2]
     assert any("injected defect" in line["message"] for line in report["log"])
+
+
+# An NVRx whose schedule_async_request takes one more argument than the request: each save
+# passes it, and records what NVRx's call received.
+EXTRA_ARGUMENT = """
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import core as _core
+    _schedule, _received = _core.AsyncCallsQueue.schedule_async_request, []
+
+    def schedule_async_request(self, async_request, *rest, priority=None):
+        _received.append({"rest": list(rest), "priority": priority})
+        return _schedule(self, async_request)
+
+    schedule_async_request.__module__ = _core.__name__  # as NVRx's own
+    _core.AsyncCallsQueue.schedule_async_request = schedule_async_request
+    from nvrx_ipc_fix.testing import scenario as _s  # activates: the wrappers go on top
+    _save = _s.Trainer.save
+
+    def save(self, wait=True, fault=None):
+        sched = self.queue.schedule_async_request
+        self.queue.schedule_async_request = lambda request: sched(request, "extra", priority=3)
+        try:
+            return _save(self, wait, fault)
+        finally:
+            del self.queue.schedule_async_request
+
+    _s.Trainer.save = save
+    _s.EXTRA_STEPS["received"] = lambda trainer: {"received": list(_received)}
+
+    def _depth(trainer):  # the package's wrappers on NVRx's method, ours beneath them
+        f, depth = _core.AsyncCallsQueue.__dict__["schedule_async_request"], 0
+        while f is not schedule_async_request:
+            f, depth = f.__wrapped__, depth + 1
+        return {"depth": depth}
+
+    _s.EXTRA_STEPS["depth"] = _depth
+"""
+
+
+@needs_nvrx
+@pytest.mark.worker
+def test_the_watch_passes_every_argument_of_a_save_to_nvrx():
+    """Wrap, never re-implement: NVRx's own call gets every argument, not the request alone."""
+    report = scenario(["save", "save", "received#received", "depth#depth"],
+                      prelude=EXTRA_ARGUMENT)
+    assert report["hang"] is None, report["stderr"]
+    assert report["fix"]["worker_watch"] == report["fix"]["suspend"] == "active"
+    assert report["named"]["depth"]["depth"] == 3  # worker_watch, prewarm, suspend
+    assert report["named"]["received"]["received"] == [{"rest": ["extra"], "priority": 3}] * 2
+    assert [s["stale"] for s in report["saves"]] == [0, 0]
+    assert report["log"] == [], report["log"]  # no hook fell back

@@ -76,7 +76,9 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         request = args[0] if args else kwargs["async_request"]
         process = _workers.process_of(caller)
         entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
-        sent = _reporting(request)
+        sent = _reporting(request)  # NVRx gets every argument it was given, this one replaced
+        sent_args, sent_kwargs = (((sent, *args[1:]), kwargs) if args else
+                                  ((), {**kwargs, "async_request": sent}))
         dead = _workers.dead(process)
     except Exception as exc:
         hook_failed(target, exc)
@@ -94,7 +96,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     with _monitor.watching(f"the preload handshake of save #{save}",
                            lambda: _workers.process_of(_workers.caller_of(queue)), unblock) as wait:
         try:
-            result = wrapped(sent)
+            result = wrapped(*sent_args, **sent_kwargs)
         except BaseException as exc:  # an interrupt, say: the other ranks must still learn
             caller = _workers.caller_of(queue)
             if queue.call_idx == save and not _appended(queue, save) and caller is not None:
