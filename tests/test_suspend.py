@@ -521,3 +521,18 @@ def test_a_suspend_interrupted_in_the_driver_ends_the_worker_and_the_next_save_l
     assert found["new"] not in (None, found["old"]) and found["stale"] == 0
     assert found["status"].startswith("suspend: ")  # an interrupt is no defect: suspend stays
     assert "RuntimeWarning" not in err
+
+
+def test_with_the_suspend_fix_disabled_nemo_rl_s_onload_starts_the_next_worker_as_restart():
+    """The automatic release falls back to restart whole: its onload prewarms the next worker,
+    and the save takes it."""
+    steps = ["driver", "save", "save", "offload_before_refit", "measure",
+             "prepare_for_training", "ready", "save"]
+    report = scenario(steps, prelude=PRELUDE + NEMO, env={"NVRX_IPC_FIX_DISABLE": "suspend"})
+    assert report["hang"] is None, report["stderr"]
+    assert [m["workers"] for m in report["measures"]] == [0]
+    (ready,) = report["ready"]
+    after = report["saves"][2]
+    assert ready["pid"] is not None and after["worker_before"] == after["worker"] == ready["pid"]
+    assert report["prewarms_total"] == 1
+    assert stale(report) == [0, 0, 0]

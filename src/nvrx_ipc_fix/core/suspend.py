@@ -39,17 +39,14 @@ load_driver = _cc.load
 class _Suspension:
     """One suspended worker."""
 
-    __slots__ = ("queue", "caller", "process", "checkpoint_s", "thread", "restore_s", "resumed",
-                 "began")
+    __slots__ = ("queue", "caller", "process", "thread", "resumed", "began")
 
-    def __init__(self, queue, caller, process, checkpoint_s):
+    def __init__(self, queue, caller, process):
         self.queue = weakref.ref(queue)
         self.caller = caller
         self.process = process
-        self.checkpoint_s = checkpoint_s
         self.began = time.monotonic()
         self.thread = None  # the resume in the background, once started
-        self.restore_s = None  # how long restore and unlock took
         self.resumed = threading.Event()
 
 
@@ -96,8 +93,11 @@ def _fix_missing():
 
 
 def in_force(strategy):
-    """``strategy``, or ``restart`` for ``suspend`` once it is known to be unavailable."""
-    return "restart" if strategy == "suspend" and _why is not None else strategy
+    """``strategy``, or ``restart`` for ``suspend`` where it is known to be unavailable (the
+    fix is off, or the driver failed). Does not probe the driver."""
+    if strategy == "suspend" and (_why is not None or _fix_missing()):
+        return "restart"
+    return strategy
 
 
 def suspended(queue):
@@ -147,7 +147,7 @@ def suspend(queue, caller, timeout):
         _finish(queue, caller, process, undo=False)
         raise
     with _lock:
-        _suspended[pid] = _Suspension(queue, caller, process, time.monotonic() - began)
+        _suspended[pid] = _Suspension(queue, caller, process)
         _counts["suspends"] += 1
         last.clear()
         last.update(pid=pid, checkpoint_s=time.monotonic() - began)
@@ -227,11 +227,12 @@ def _resume(s, timeout):
             _end(s.queue(), s.caller, process,
                  f"the resume of the checkpoint worker (pid {pid}) failed ({failed})", undo=False)
         else:
-            s.restore_s = time.monotonic() - began
-            _counts["resumes"] += 1
-            last.update(pid=pid, restore_s=s.restore_s, resumed_at=time.perf_counter())
+            restore_s = time.monotonic() - began
+            with _lock:
+                _counts["resumes"] += 1
+                last.update(pid=pid, restore_s=restore_s, resumed_at=time.perf_counter())
             logger.info("resumed the NVRx checkpoint worker (pid %s) in %.2f s, %.2f s after "
-                        "its suspend", pid, s.restore_s, time.monotonic() - s.began)
+                        "its suspend", pid, restore_s, time.monotonic() - s.began)
     finally:
         s.resumed.set()
 
