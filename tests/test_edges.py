@@ -245,38 +245,42 @@ def test_release_interrupted_at_each_step_leaves_the_next_save_correct():
     assert seen["from another thread"] == {"kept": True, "error": None}
 
 
-# release() interrupted before its request reached the worker: the worker is aborted. The
-# worker's main thread blocks SIGTERM, so that the signal reaches its other thread (the
-# queue's feeder), as the kernel may choose at any time.
-ABORTED = """
-    import json, tempfile, time
+# A worker whose main thread blocks SIGTERM, so that the signal reaches its other thread (the
+# queue's feeder), as the kernel may choose at any time; then {abort}, timed, and a save.
+SIGTERM_ELSEWHERE = """
+    import json, os, tempfile, time
     import nvrx_ipc_fix
     from nvrx_ipc_fix.core import release as _release
     from nvrx_ipc_fix.testing import faults, scenario
+    if os.environ.get("WITHOUT_THE_WAKE"):
+        from nvrx_ipc_fix.fixes import worker_watch
+        worker_watch._wake = lambda caller: None
     with tempfile.TemporaryDirectory() as d:
         t = scenario.Trainer(d, 4, 256, starts="forkserver")
         t.save()
         assert _release.run_in_worker(t.queue, faults.sigterm_to_other_threads, (), 30) is None
         worker, requests = t.worker(), t.queue.persistent_caller.queue
-
+        began = time.monotonic()
+{abort}
+        aborted_s = time.monotonic() - began
+        _, _, path, version = t.save()
+        print(json.dumps({{"aborted_s": aborted_s, "exitcode": worker.exitcode,
+                          "new_worker": t.worker().pid != worker.pid,
+                          "stale": t.stale_tensors(path, version)}}))
+        t.close()
+"""
+# release() interrupted before its request reached the worker: the worker is aborted.
+ABORTED = SIGTERM_ELSEWHERE.format(abort="""
         def interrupted(*args, **kwargs):
             raise KeyboardInterrupt("injected into put")
 
         requests.put = interrupted
-        began = time.monotonic()
         try:
             nvrx_ipc_fix.release(t.queue)
         except KeyboardInterrupt:
             pass
         finally:
-            del requests.put
-        aborted_s = time.monotonic() - began
-        _, _, path, version = t.save()
-        print(json.dumps({"aborted_s": aborted_s, "exitcode": worker.exitcode,
-                          "new_worker": t.worker().pid != worker.pid,
-                          "stale": t.stale_tensors(path, version)}))
-        t.close()
-"""
+            del requests.put""")
 
 
 @needs_cache
@@ -290,31 +294,10 @@ def test_an_aborted_worker_whose_sigterm_reached_another_thread_ends_at_once():
     assert seen["exitcode"] is not None and seen["new_worker"] and seen["stale"] == 0, seen
 
 
-# The user's own abort (NeMo RL's and Megatron's abort_nvrx_checkpoint(), close(abort=True)),
-# with SIGTERM blocked in the worker's main thread as above.
-USER_ABORT = """
-    import json, os, tempfile, time
-    import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import release as _release
-    from nvrx_ipc_fix.testing import faults, scenario
-    if os.environ.get("WITHOUT_THE_WAKE"):
-        from nvrx_ipc_fix.fixes import worker_watch
-        worker_watch._wake = lambda caller: None
-    with tempfile.TemporaryDirectory() as d:
-        t = scenario.Trainer(d, 4, 256, starts="forkserver")
-        t.save()
-        assert _release.run_in_worker(t.queue, faults.sigterm_to_other_threads, (), 30) is None
-        worker = t.worker()
+# The user's own abort (NeMo RL's and Megatron's abort_nvrx_checkpoint(), close(abort=True)).
+USER_ABORT = SIGTERM_ELSEWHERE.format(abort="""
         t.queue.persistent_caller.sigterm_timeout = 6.0  # NVRx's default: 30 s
-        began = time.monotonic()
-        t.queue.close(abort=True)
-        aborted_s = time.monotonic() - began
-        _, _, path, version = t.save()
-        print(json.dumps({"aborted_s": aborted_s, "exitcode": worker.exitcode,
-                          "new_worker": t.worker().pid != worker.pid,
-                          "stale": t.stale_tensors(path, version)}))
-        t.close()
-"""
+        t.queue.close(abort=True)""")
 
 
 @needs_cache
