@@ -536,3 +536,32 @@ def test_with_the_suspend_fix_disabled_nemo_rl_s_onload_starts_the_next_worker_a
     assert ready["pid"] is not None and after["worker_before"] == after["worker"] == ready["pid"]
     assert report["prewarms_total"] == 1
     assert stale(report) == [0, 0, 0]
+
+
+# A failed suspend (the checkpoint fails) closes the worker; NVRx's close then raises once.
+CLOSE_RAISES_AFTER = """
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import core as _core
+    _close, _raised = _core.AsyncCallsQueue.close, []
+
+    def close(self, *args, **kwargs):
+        _close(self, *args, **kwargs)
+        if not _raised:
+            _raised.append(True)
+            raise RuntimeError("NVRx's close failed")
+
+    _core.AsyncCallsQueue.close = close
+"""
+
+
+def test_an_nvrx_error_in_the_close_after_a_failed_suspend_reaches_the_offload_s_caller():
+    steps = ["driver-checkpoint-fails", "save", "save", "offload_before_refit?",
+             "prepare_for_training", "save"]
+    report = scenario(steps, prelude=CLOSE_RAISES_AFTER + PRELUDE + NEMO, env=FAST)
+    assert report["hang"] is None, report["stderr"]
+    (call,) = report["calls"]
+    assert call["error"] is not None, report["stderr"]  # not the package's defect: raised
+    assert call["error"]["type"] == "RuntimeError", call
+    assert call["error"]["message"].startswith("NVRx's close failed"), call
+    assert call["moved"] == 2  # the offload's own work was done
+    assert "hook on" not in report["stderr"]
+    assert stale(report) == [0, 0, 0]

@@ -227,7 +227,7 @@ def _release(queue, strategy, timeout, held):
                 held.append(failure)
                 error = f"the request to the worker failed ({type(failure).__name__})"
             if not error and strategy == "suspend":
-                error = _suspend.suspend(q, q.persistent_caller, timeout)
+                error = _suspend.suspend(q, q.persistent_caller, timeout, held)
                 suspended = suspended or not error
             if error:
                 errors.append(f"{label}: {error}")

@@ -28,6 +28,7 @@ import weakref
 
 from . import config as _config, cuda_checkpoint as _cc, fork as _fork, state as _state
 from . import workers as _workers
+from .errors import STOP
 from .log import logger
 
 LOCK_TIMEOUT = 10.0  # seconds the driver may take to lock an idle worker
@@ -120,10 +121,11 @@ def ended(queue):
         return found
 
 
-def suspend(queue, caller, timeout):
+def suspend(queue, caller, timeout, held=None):
     """Lock and checkpoint ``caller``'s idle, flushed worker. None when it is suspended; else
     why not, the worker then closed or killed (``queue``'s next save starts a fresh one) and
-    ``suspend`` off in this process."""
+    ``suspend`` off in this process. What NVRx's close raises then goes to ``held`` (the
+    release's: raised by its caller once the release is done), else it is raised."""
     global _exit_pid
     process = caller.process
     pid, began = process.pid, time.monotonic()
@@ -141,7 +143,7 @@ def suspend(queue, caller, timeout):
                     f"({_workers.describe_exit(process.exitcode)})")
         why = f"the suspend of the checkpoint worker (pid {pid}) failed ({exc})"
         # a call past its deadline may still lock the worker later: never close it then
-        _end(queue, caller, process, why, undo=not isinstance(exc, _cc.Timeout))
+        _end(queue, caller, process, why, undo=not isinstance(exc, _cc.Timeout), held=held)
         return why
     except BaseException:  # interrupted: its state is unknown, and no one resumes it
         _finish(queue, caller, process, undo=False)
@@ -237,13 +239,13 @@ def _resume(s, timeout):
         s.resumed.set()
 
 
-def _end(queue, caller, process, why, undo):
+def _end(queue, caller, process, why, undo, held=None):
     """After a failed suspend or resume of a live worker: end it (``_finish``); ``suspend``
     is off from now on, said once."""
     global _why
     _why = f"{why}; the worker was killed"
     try:
-        _why = f"{why}; the worker was {_finish(queue, caller, process, undo)}"
+        _why = f"{why}; the worker was {_finish(queue, caller, process, undo, held)}"
     finally:
         message = (f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
                    f"automatic release uses restart from now on")
@@ -251,10 +253,11 @@ def _end(queue, caller, process, why, undo):
         _config.warn(message, ("suspend", "failed"))
 
 
-def _finish(queue, caller, process, undo):
+def _finish(queue, caller, process, undo, held=None):
     """End a worker whose suspend or resume did not complete: with ``undo``, bring it back to
     running and close it as ``restart`` does; where that fails, or without ``undo``, kill it.
-    The queue's next save starts a fresh worker (the onload prewarms it). Returns how."""
+    The queue's next save starts a fresh worker (the onload prewarms it). Returns how. What
+    NVRx's close raises goes to ``held`` where there is one."""
     pid = process.pid
     how = "killed"
     if undo:
@@ -269,7 +272,12 @@ def _finish(queue, caller, process, undo):
             pass
     try:
         if how == "closed" and queue is not None:
-            queue.close()
+            try:
+                queue.close()
+            except BaseException as failure:  # NVRx's: not the package's to catch
+                if held is None or isinstance(failure, STOP):
+                    raise
+                held.append(failure)
         else:
             process.kill()
             process.join(5.0)
