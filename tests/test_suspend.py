@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import GPU, needs_cache, run_code, run_process, scenario, scenario_ranks
-from test_auto_release import NEMO
+from test_auto_release import CLOSE_RAISES, NEMO
 
 pytestmark = [needs_cache, pytest.mark.worker]
 
@@ -31,12 +31,12 @@ pytestmark = [needs_cache, pytest.mark.worker]
 PRELUDE = """
     import sys
     import nvrx_ipc_fix
+    from nvrx_ipc_fix.core.monitor import stat_fields
     from nvrx_ipc_fix.testing import scenario as _s
 
     def _proc_state(pid):
         try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+            return stat_fields(pid)[0].decode()
         except OSError:
             return None
 
@@ -538,25 +538,11 @@ def test_with_the_suspend_fix_disabled_nemo_rl_s_onload_starts_the_next_worker_a
     assert stale(report) == [0, 0, 0]
 
 
-# A failed suspend (the checkpoint fails) closes the worker; NVRx's close then raises once.
-CLOSE_RAISES_AFTER = """
-    from nvidia_resiliency_ext.checkpointing.async_ckpt import core as _core
-    _close, _raised = _core.AsyncCallsQueue.close, []
-
-    def close(self, *args, **kwargs):
-        _close(self, *args, **kwargs)
-        if not _raised:
-            _raised.append(True)
-            raise RuntimeError("NVRx's close failed")
-
-    _core.AsyncCallsQueue.close = close
-"""
-
-
 def test_an_nvrx_error_in_the_close_after_a_failed_suspend_reaches_the_offload_s_caller():
+    """A failed suspend (the checkpoint fails) closes the worker; NVRx's close raises once."""
     steps = ["driver-checkpoint-fails", "save", "save", "offload_before_refit?",
              "prepare_for_training", "save"]
-    report = scenario(steps, prelude=CLOSE_RAISES_AFTER + PRELUDE + NEMO, env=FAST)
+    report = scenario(steps, prelude=CLOSE_RAISES + PRELUDE + NEMO, env=FAST)
     assert report["hang"] is None, report["stderr"]
     (call,) = report["calls"]
     assert call["error"] is not None, report["stderr"]  # not the package's defect: raised

@@ -174,8 +174,9 @@ def _release(queue, strategy, timeout, held):
     trainer_cache = caller_class._worker_data_cache  # the sync path's
     keys = _cleanup.cached_key_count() + len(trainer_cache)
     skipped, errors, released, kept, terminated, suspended = [], [], 0, False, False, False
-    if strategy == "suspend" and _suspend.unavailable() is not None:
-        skipped.append(f"suspend: {_suspend.unavailable()}; restart instead")
+    why = _suspend.unavailable() if strategy == "suspend" else None
+    if why is not None:
+        skipped.append(f"suspend: {why}; restart instead")
         strategy = "restart"
     if not queues:
         skipped.append("queues: no live AsyncCallsQueue")

@@ -17,6 +17,7 @@ import threading
 import time
 
 from ..core import cuda_checkpoint as cc
+from ..core.monitor import stat_fields
 
 OS_ERROR, ILLEGAL_STATE, TIMEOUT = 304, 401, 909  # CUresult codes
 FAULTS = {
@@ -123,8 +124,7 @@ class StandIn:
 def _proc_state(pid):
     """The state letter of ``pid`` in /proc (``b"T"``: stopped), or None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0]
+        return stat_fields(pid)[0]
     except (OSError, IndexError):
         return None
 
