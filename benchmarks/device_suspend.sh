@@ -5,7 +5,7 @@
 #   bash benchmarks/device_suspend.sh tests    # tests/gpu's suspend tests, NVRx 0.6.0 and 0.7.0
 #   bash benchmarks/device_suspend.sh 2g       # 2g16: flush, restart, suspend (alone, in turn)
 #   bash benchmarks/device_suspend.sh 8g       # 8g64: suspend, alone
-#   bash benchmarks/device_suspend.sh 16g S    # 16g128: strategy S (suspend or flush), alone
+#   bash benchmarks/device_suspend.sh 16g "S.." # 16g128: each strategy S at once (suspend flush)
 #   bash benchmarks/device_suspend.sh cycles   # 20 cycles and steps without a save; then the
 #                                              # resume beside a GPU-bound step against in line
 # Each mode fits one 10-minute device call and writes at most 8 files.
@@ -41,9 +41,12 @@ tests)  # 2 min 20 s, then the lock on a mapping worker
 8g)  # alone: 4 min
     $N7 $W --sizes 8g64 --strategies suspend --cycles 5 --inference 5 --label alone \
         --out "$OUT/h200-suspend-8g64-alone-nvrx070.jsonl" > /dev/null 2> "$OUT/err-8g.txt" ;;
-16g)  # alone, one strategy a call
-    $N7 $W --sizes 16g128 --strategies "${2:-suspend}" --cycles 5 --inference 5 \
-        --out "$OUT/h200-suspend-16g128-${2:-suspend}-nvrx070.jsonl" > /dev/null 2> "$OUT/err-16g.txt" ;;
+16g)  # 16g128, one stream per strategy (e.g. "suspend flush": at once, sharing the GPU and disk)
+    for strategy in ${2:-suspend}; do
+        $N7 $W --sizes 16g128 --strategies $strategy --cycles 5 --inference 5 \
+            --out "$OUT/h200-suspend-16g128-$strategy-nvrx070.jsonl" > /dev/null 2> "$OUT/err-16g-$strategy.txt" &
+    done
+    wait ;;
 cycles)  # 20 cycles (a save every third step) beside 3 steps without a save; then the matmul pair
     $N6 $W --sizes 2g16 --strategies suspend --cycles 20 --inference 3 --step 1 --save-every 3 \
         --label cycles20 --out "$OUT/h200-suspend-cycles20-nvrx060.jsonl" > /dev/null 2> "$OUT/err-c20.txt" &
