@@ -120,15 +120,17 @@ LOCK_WHILE_MAPPED = """
 def test_a_lock_on_a_worker_that_maps_the_trainers_memory_ends_in_time_and_the_next_save_loads():
     """The package always flushes first; here it does not. Whatever the driver does with the
     lock, nothing hangs and the save after the next loads: a suspend that failed ended the
-    worker (the next save takes a fresh one), a worker that died under it is one error."""
+    worker (the next save takes a fresh one); a worker that died under the lock or after the
+    restore (seen on the H200, driver 580: the suspend succeeds, the next save meets a dead
+    worker) is one error, from the save after it."""
     report = scenario(["save", "save", "suspend-unflushed#unflushed", "save?", "save"],
                       tensors=TENSORS, numel=NUMEL, prelude=LOCK_WHILE_MAPPED)
     assert report["hang"] is None
     unflushed = report["named"]["unflushed"]
     (call,) = report["calls"]
+    print("suspend:", unflushed, "save after it:", call)  # what this driver did (-rA shows it)
     if call["error"] is not None:  # a worker death: one error, from the save after it
-        assert call["error"]["type"] == "CheckpointWorkerError", call
-        assert unflushed["error"] is not None and "died" in unflushed["error"], unflushed
+        assert call["error"]["type"] == "CheckpointWorkerError", (call, unflushed)
     assert report["saves"][-1]["stale"] == 0 and report["saves"][-1]["worker"] != unflushed["pid"]
 
 
