@@ -192,8 +192,8 @@ def table(paths):
             saved = [i for i in range(len(cycles)) if (i + 1) % spec["save_every"] == 0]
             after = {i: saves[step]["blocked_s"] + ready[i]["waited_s"]  # waited: for the worker
                      for i, step in zip(saved, sorted(saves)[2:])}  # the saves after an onload
-            name = spec["strategy"] + (f" ({spec['label']})" if spec["label"] != spec["strategy"]
-                                       else "")
+            name = spec["strategy"] + ("-inline" if spec.get("resume") == "inline" else "") + (
+                f" ({spec['label']})" if spec["label"] != spec["strategy"] else "")
             groups = [("", list(range(len(cycles))))]
             if ready and ready[0].get("standby") is None and spec["strategy"] == "restart":
                 groups = [(" (1st: spawned)", [0]), ("", list(range(1, len(cycles))))]
