@@ -14,6 +14,7 @@ queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 (``nvrx_ipc_fix.prewarm``), ``ready`` (wait until the prewarmed worker answered; how long it
 took to start, its parent), ``standby`` (wait until the standby restart's workers are forked
 from is ready), ``kill-standby`` (SIGKILL it), ``env-change`` (set a variable),
+``user-forkserver`` (what a child the user starts with ``get_context("forkserver")`` saw),
 ``offloading-<strategy>`` (offload, measure and onload inside
 ``nvrx_ipc_fix.offloading(strategy=...)``), ``kill-worker`` (SIGKILL the worker that
 would take the next save), ``stop-worker`` (SIGSTOP it), ``kill-worker-later`` (SIGKILL it a
@@ -91,6 +92,7 @@ HUNG = threading.Event()  # set once the watchdog has reported a hang
 FORK_EXIT_BOUND = 8.0  # seconds a forked child may take to exit before it counts as hung
 _forked = []  # fork-exit's child while it runs (the hang exit kills it)
 _scratch = None  # main()'s temp directory: this process's and its children's TMPDIR
+CHANGED = "SCENARIO_ENV_CHANGED"  # the variable env-change sets
 
 
 def _use_scratch(path):
@@ -629,8 +631,11 @@ def _standby_step(trainer, report, index, name):
     current = standby._standby
     if current is not None:
         current.ready.wait(120.0)
-    return {"pid": getattr(current, "pid", None), "ready": bool(current and current.ready.is_set()),
-            "status": nvrx_ipc_fix.status().standby}
+    pid = getattr(current, "pid", None)
+    return {"pid": pid, "ready": bool(current and current.ready.is_set()),
+            "status": nvrx_ipc_fix.status().standby,
+            "earlier_alive": [s["pid"] for s in report.get("standby", [])
+                              if s["pid"] not in (None, pid) and standby._alive(s["pid"])]}
 
 
 @step("kill-standby", adds="standby_kills")
@@ -649,7 +654,16 @@ def _kill_standby(trainer, report, index, name):
 @step("env-change")
 def _env_change(trainer, report, index, name):
     """Set a variable: the environment is no longer the one the standby started with."""
-    os.environ["SCENARIO_ENV_CHANGED"] = str(index)
+    os.environ[CHANGED] = str(index)
+
+
+@step("user-forkserver", adds="user_children")
+def _user_forkserver(trainer, report, index, name):
+    """Start a child as the user's own code does, ``multiprocessing.get_context("forkserver")``:
+    what it saw (``testing.user_child``), ``env-change``'s variable among it."""
+    from .user_child import start
+
+    return start(multiprocessing.get_context("forkserver"), CHANGED)
 
 
 @step("resources", adds="resources")
@@ -743,6 +757,17 @@ def _parent(pid):
         return None
 
 
+def _environ(pid):
+    """The environment ``pid`` was started with (``/proc``; a forked process: its parent's at
+    the exec), or an empty dict."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as found:
+            entries = found.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(e.decode(errors="replace").partition("=")[::2] for e in entries if e)
+
+
 def _ready(trainer):
     """Wait for the prewarmed worker (the scenario's stand-in for the training between
     onload and save); how long it took to start, in the background."""
@@ -756,6 +781,7 @@ def _ready(trainer):
                 "pinning": 0, "pinned_bytes": 0, "pin_error": None}
     return {"pid": start.process.pid, "waited_s": waited, "error": start.error,
             "standby": start.standby, "parent": _parent(start.process.pid),
+            "env_changed": _environ(start.process.pid).get(CHANGED),
             "ready_s": None if start.ready_s is None else round(start.ready_s, 3),
             "pinning": start.pinning, "pinned_bytes": start.pinned_bytes,
             "pin_error": start.pin_error, "first_request_s": start.first_request_s,
