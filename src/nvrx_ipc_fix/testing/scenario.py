@@ -124,17 +124,24 @@ def start_workers_from_forkserver(core):
     """Let NVRx start its processes (its workers; its results queue's manager) from a
     forkserver instead of a fresh interpreter each, which imports torch and NVRx again
     (3.5 s of a 2-core VM's CPU): NVRx asks ``mp.get_context("spawn")`` for each; both
-    pickle what they send the same way. The server is forked from this process now, before it
-    has a thread of its own, so it has torch and NVRx already (``_fork_server``), their
-    writer's module too (its ``torch.distributed.checkpoint``: 1.6 s of CPU in each worker
-    otherwise). For tests whose subject is not the cold start."""
+    pickle what they send the same way. The server is the harness's own
+    (``core.private_forkserver``: multiprocessing's stays the test's), forked from this
+    process now, before it has a thread of its own, so it has torch and NVRx already
+    (``_fork_server``), their writer's module too (its ``torch.distributed.checkpoint``:
+    1.6 s of CPU in each worker otherwise). For tests whose subject is not the cold start:
+    the standby (``NVRX_IPC_FIX_STANDBY``), a cold start of its own, is off unless the test
+    sets it."""
     import importlib
 
     import torch.multiprocessing as mp
 
-    server = mp.get_context("forkserver")
+    from ..core import config
+    from ..core.private_forkserver import Context
+
+    os.environ.setdefault(config.STANDBY, "off")
+    server = Context()
     writer = importlib.import_module(FS)
-    _fork_server()
+    _fork_server(server)
 
     class Contexts:
         def __getattr__(self, name):
@@ -148,12 +155,12 @@ def start_workers_from_forkserver(core):
         module.mp = Contexts()
 
 
-def _fork_server():
-    """Start multiprocessing's forkserver as a fork of this process rather than a fresh
-    interpreter: ``ensure_running`` as it is, but its ``spawnv_passfds`` forks and runs the
-    server's ``main`` on the two descriptors it passes (the listening socket, the read end of
-    the "alive" pipe), every other descriptor but the resource tracker's closed there, as
-    the spawn would. The resource tracker is started first, as multiprocessing starts it. The
+def _fork_server(context):
+    """Start ``context``'s server as a fork of this process rather than a fresh interpreter:
+    its ``ensure_running`` as it is, but ``spawnv_passfds`` forks and runs the server's
+    ``main`` on the two descriptors it passes (the listening socket, the read end of the
+    "alive" pipe), every other descriptor but the resource tracker's closed there, as the
+    spawn would. The resource tracker is started first, as multiprocessing starts it. The
     server freezes the heap it inherited (``gc.freeze``), so that the workers' collections
     neither walk nor copy torch's objects."""
     from multiprocessing import forkserver, resource_tracker, util
@@ -179,7 +186,7 @@ def _fork_server():
 
     spawnv, util.spawnv_passfds = util.spawnv_passfds, fork_server
     try:
-        forkserver.ensure_running()
+        context.start()
     finally:
         util.spawnv_passfds = spawnv
 
