@@ -129,7 +129,8 @@ def _start():
 
 def _probe(standby, preload):
     """The thread: the standby is ready if its probe finds it fit (``_check``); else it is
-    stopped, said once, and NVRx spawns the workers."""
+    stopped, said once, and NVRx spawns the workers. One replaced meanwhile is stopped again
+    (the probe's fork starts a server that is not running)."""
     global _why
     try:
         fit, found = _check(standby.context, preload)
@@ -141,6 +142,7 @@ def _probe(standby, preload):
             standby.ready.set()
         else:
             standby.error = found
+        if not (fit and current):
             standby.context.stop()
         if current:
             _why = f"{'ready' if fit else 'failed to start'} (pid {standby.pid}): {found}"
