@@ -1,25 +1,30 @@
-"""The standby: multiprocessing's forkserver with torch, NVRx and its writer imported and no
-CUDA, from which ``core.prewarming`` forks the worker that ``restart`` starts at the onload.
+"""The standby: a forkserver of the package's own (``core.private_forkserver``) with torch,
+NVRx and its writer imported and no CUDA, from which ``core.prewarming`` forks the worker
+that ``restart`` starts at the onload.
 
 A worker NVRx spawns is a fresh interpreter that imports torch and NVRx before it creates
 its CUDA context: most of the 6-10 s a ``restart`` worker took to get ready on an H200. The
 standby pays the imports once. The ``restart`` release (the model is being offloaded;
-inference follows) starts it, if none runs, in a thread: ``ensure_running`` spawns it with
-``PRELOAD`` as its preload, and a probe process forked from it marks it ready (the server
-forks only once its preload is done). It holds no device memory (it never initializes
-CUDA) and stays for the life of the process. At the onload ``prewarming`` starts the worker
-with NVRx's own ``_start_worker``; for that call NVRx's module ``mp`` answers the starting
-thread's ``get_context("spawn")`` with the forkserver's context (``starting``). The worker is
-forked from the standby; NVRx pickles what it sends the same way for both, and the worker
-does only what needs the device: its CUDA context, the pinning ahead.
+inference follows) starts it, if none serves, with ``PRELOAD`` and ``WORKER_IMPORTS`` as its
+preload and ``core.standby_probe`` last. A probe process forked from it (the server forks
+only once its preload is done) reports what the server held then; it is ready if that is
+one Python thread, no CUDA and every preload imported, else it is stopped. It holds no
+device memory and stays while the environment is the one it started with. At the onload
+``prewarming`` starts the worker with NVRx's own ``_start_worker``; for that call NVRx's
+module ``mp`` answers the starting thread's ``get_context("spawn")`` with the standby's
+context (``starting``). The worker is forked from the standby; NVRx pickles what it sends
+the same way for both, and the worker does only what needs the device: its CUDA context,
+the pinning ahead.
 
-The standby is used only when it is ready, still alive, multiprocessing's forkserver was
-started here for it (a forkserver other code started may have imported ``__main__``, which
-can initialize CUDA), and the environment is the one it was started with; otherwise NVRx
-spawns the worker, as without it, and ``status().standby`` says why. A worker forked from it
-dies with it (``core.worker.warm_up`` sets its parent-death signal), so a dead standby never
-leaves a worker that looks dead and runs; its death is one WARNING, and the next ``restart``
-release starts a new one. ``NVRX_IPC_FIX_STANDBY=off`` turns it off.
+It is never multiprocessing's forkserver: the user's ``get_context("forkserver")`` (the
+default context on Python 3.14+) keeps its own server, its preloads and its environment.
+The standby is used only when it is ready, still alive, and the environment is the one it
+was started with; otherwise NVRx spawns the worker, as without it, and ``status().standby``
+says why. One whose environment changed is replaced by the next ``restart`` release (its
+workers would inherit the old environment): it exits once no worker of it runs. A worker
+forked from it dies with it (``core.worker.warm_up`` sets its parent-death signal), so a
+dead standby never leaves a worker that looks dead and runs; its death is one WARNING, and
+the next ``restart`` release starts a new one. ``NVRX_IPC_FIX_STANDBY=off`` turns it off.
 """
 
 import os
@@ -33,43 +38,31 @@ from .monitor import stat_fields
 from .status import STANDBY_NOT_STARTED
 from .worker import WORKER_IMPORTS
 
+_CORE = __name__.rsplit(".", 1)[0]
 #: What the standby imports ahead (``__main__`` is not: each worker imports it, as spawned).
-PRELOAD = ("torch", CORE, __name__.rsplit(".", 1)[0] + ".worker")
+PRELOAD = ("torch", CORE, _CORE + ".worker")
+PROBE = _CORE + ".standby_probe"  # imported last: what the server held then
 PROBE_TIMEOUT = 120.0  # seconds the standby may take to import what it preloads
 
 
 class _Standby:
-    """The forkserver started here, while it serves."""
+    """A standby started here: its context (``private_forkserver.Context``), the
+    environment it inherited, and its probe's outcome."""
 
-    def __init__(self, pid, environ):
-        self.pid = pid
-        self.environ = environ  # what it inherited
+    def __init__(self, context, environ):
+        self.context = context
+        self.pid = context.pid
+        self.environ = environ
         self.ready = threading.Event()
         self.error = None  # why it never got ready
 
 
 _lock = threading.Lock()
-_standby = None  # the current _Standby, or None
+_standby = None  # the current _Standby (a failed one too, until the environment changes)
 _why = STANDBY_NOT_STARTED  # why none serves, for status()
 _forks = 0  # workers forked from a standby
 _deaths = 0
-
-
-def _server():
-    """multiprocessing's forkserver object, or None (a Python whose forkserver has another
-    shape: the standby is off, once said)."""
-    try:
-        from multiprocessing import forkserver
-
-        server = forkserver._forkserver
-        getattr(server, "_forkserver_pid")
-        getattr(server, "_preload_modules")
-        return server
-    except (ImportError, AttributeError) as exc:
-        _config.warn(f"nvrx_ipc_fix: no standby for restart's workers: this Python's "
-                     f"multiprocessing.forkserver has another shape ({exc}); NVRx spawns them",
-                     ("standby", "shape"))
-        return None
+_replaced = 0  # standbys replaced because the environment changed
 
 
 def _alive(pid):
@@ -85,8 +78,9 @@ def _alive(pid):
 
 
 def start():
-    """At a ``restart`` release: start the standby in a thread if none serves; never blocks,
-    never raises (a defect here warns once, and NVRx spawns the workers)."""
+    """At a ``restart`` release: start the standby in a thread if none serves, or replace one
+    whose environment changed; never blocks, never raises (a defect here warns once, and
+    NVRx spawns the workers)."""
     try:
         _start()
     except Exception as exc:
@@ -94,67 +88,103 @@ def start():
 
 
 def _start():
-    global _standby, _why
+    global _standby, _why, _replaced
     if not _config.standby():
         _why = f"off ({_config.STANDBY}=off)"
         return
     with _lock:
-        if _standby is not None and _alive(_standby.pid):
-            return
-        server = _server()
-        if server is None:
-            _why = "this Python's multiprocessing.forkserver has another shape"
-            return
-        pid = server._forkserver_pid
-        if pid is not None and (_standby is None or pid != _standby.pid):
-            if _alive(pid):
-                _why = (f"multiprocessing's forkserver (pid {pid}) was started by other code: "
-                        "NVRx spawns the workers")
-                return
-        if _standby is not None:
+        current = _standby
+        if current is not None and current.error is None and not _alive(current.pid):
             _died()
-        try:
-            import multiprocessing
+        elif current is not None and dict(os.environ) == current.environ:
+            return  # serving, getting ready, or failed in this very environment
+        elif current is not None and current.error is None:
+            current.context.stop()
+            _replaced += 1
+            logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is replaced: "
+                        "the environment changed since it started", current.pid)
+        from . import private_forkserver
 
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload([*PRELOAD, *(m for m in WORKER_IMPORTS
-                                                        if m not in PRELOAD)])
-            server.ensure_running()
+        unsupported = private_forkserver.unsupported()
+        if unsupported is not None:
+            _standby = None
+            _why = f"this Python's multiprocessing has another shape ({unsupported})"
+            _config.warn(f"nvrx_ipc_fix: no standby for restart's workers: {_why}; NVRx spawns "
+                         "them", ("standby", "shape"))
+            return
+        preload = [*PRELOAD, *(m for m in WORKER_IMPORTS if m not in PRELOAD)]
+        try:
+            context = private_forkserver.Context([*preload, PROBE])
+            context.start()
         except Exception as exc:  # no forkserver here: NVRx spawns, as without the package
             _standby, _why = None, f"could not start ({type(exc).__name__}: {exc})"
             logger.warning("nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns "
                            "them", _why)
             return
-        _standby = _Standby(server._forkserver_pid, dict(os.environ))
+        _standby = _Standby(context, dict(os.environ))
         _why = f"starting (pid {_standby.pid})"
-        threading.Thread(target=_probe, args=(context, _standby), daemon=True,
+        threading.Thread(target=_probe, args=(_standby, preload), daemon=True,
                          name="nvrx_ipc_fix-standby").start()
 
 
-def _probe(context, standby):
-    """The thread: fork a process that does nothing from the standby; once it is forked,
-    the standby has imported what it preloads."""
+def _probe(standby, preload):
+    """The thread: the standby is ready if its probe finds it fit (``_check``); else it is
+    stopped, said once, and NVRx spawns the workers. One replaced meanwhile is stopped again
+    (the probe's fork starts a server that is not running)."""
     global _why
     try:
-        probe = context.Process(name="nvrx_ipc_fix-standby-probe", daemon=True)
-        probe.start()
-        probe.join(PROBE_TIMEOUT)
-        if probe.exitcode != 0:
-            raise RuntimeError(f"its probe process ended with {probe.exitcode}")
+        fit, found = _check(standby.context, preload)
     except Exception as exc:
-        standby.error = f"{type(exc).__name__}: {exc}"
-        with _lock:
-            if _standby is standby:
-                _why = f"failed to start ({standby.error})"
-        logger.warning("nvrx_ipc_fix: the standby for restart's workers (pid %s) failed to "
-                       "start (%s); NVRx spawns them", standby.pid, standby.error)
-        return
-    standby.ready.set()
+        fit, found = False, f"its probe failed: {type(exc).__name__}: {exc}"
     with _lock:
-        if _standby is standby:
-            _why = f"ready (pid {standby.pid})"
-    logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is ready: it "
-                "imported %s", standby.pid, ", ".join(PRELOAD))
+        current = _standby is standby
+        if fit:
+            standby.ready.set()
+        else:
+            standby.error = found
+        if not (fit and current):
+            standby.context.stop()
+        if current:
+            _why = f"{'ready' if fit else 'failed to start'} (pid {standby.pid}): {found}"
+    if not current:  # replaced, or dead, meanwhile: said there
+        return
+    if fit:
+        logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is ready: %s",
+                    standby.pid, found)
+    else:
+        logger.warning("nvrx_ipc_fix: the standby for restart's workers (pid %s) failed to "
+                       "start (%s); NVRx spawns them", standby.pid, found)
+
+
+def _check(context, preload):
+    """Fork the probe from ``context``'s server: ``(fit, what it found)``. Fit is one Python
+    thread, no CUDA, and each of ``preload`` and ``PROBE`` imported (``core.standby_probe``)."""
+    from .standby_probe import report
+
+    reader, writer = context.Pipe(duplex=False)
+    probe = context.Process(target=report, args=(writer, [*preload, PROBE]), daemon=True,
+                            name="nvrx_ipc_fix-standby-probe")
+    probe.start()
+    writer.close()
+    try:
+        found = reader.recv() if reader.poll(PROBE_TIMEOUT) else None
+    finally:
+        reader.close()
+    probe.join(PROBE_TIMEOUT)
+    if found is None:
+        return False, f"its probe did not answer within {PROBE_TIMEOUT:g} s"
+    if probe.exitcode != 0:
+        return False, f"its probe process ended with {probe.exitcode}"
+    threads, problems = found["threads"], []
+    if threads != 1:
+        problems.append(f"{threads} Python threads")
+    if found["cuda"]:
+        problems.append("CUDA initialized")
+    if found["missing"]:
+        problems.append(f"did not import {', '.join(found['missing'])}")
+    if problems:
+        return False, ", ".join(problems)
+    return True, f"1 Python thread, no CUDA, imported {', '.join(preload)}"
 
 
 def _died():
@@ -165,6 +195,7 @@ def _died():
     logger.warning("nvrx_ipc_fix: the standby for restart's workers (pid %s) died; NVRx spawns "
                    "the next worker, and the next restart release starts another standby",
                    _standby.pid)
+    _standby.context.stop()  # reaps it
     _standby = None
 
 
@@ -179,7 +210,8 @@ def _usable():
         return None
     if dict(os.environ) != standby.environ:
         _why = (f"ready (pid {standby.pid}), but not used: the environment changed since it "
-                "started, and its workers would inherit the old one")
+                "started, and its workers would inherit the old one; the next restart "
+                "release replaces it")
         return None
     return standby
 
@@ -198,9 +230,7 @@ def starting(core):
         if standby is None or not callable(getattr(real, "get_context", None)):
             yield None
             return
-        import multiprocessing
-
-        core.mp = _Contexts(real, multiprocessing.get_context("forkserver"))
+        core.mp = _Contexts(real, standby.context)
         global _forks
         _forks += 1
         try:
@@ -212,10 +242,10 @@ def starting(core):
 
 class _Contexts:
     """NVRx's ``mp`` while one thread starts a worker: that thread's ``get_context("spawn")``
-    is the forkserver's context; everything else is ``mp``'s."""
+    is the standby's context; everything else is ``mp``'s."""
 
-    def __init__(self, real, forkserver):
-        self._real, self._forkserver = real, forkserver
+    def __init__(self, real, standby):
+        self._real, self._standby = real, standby
         self._thread = threading.get_ident()
 
     def __getattr__(self, name):
@@ -223,20 +253,23 @@ class _Contexts:
 
     def get_context(self, method=None):
         if method == "spawn" and threading.get_ident() == self._thread:
-            return self._forkserver
+            return self._standby
         return self._real.get_context(method)
 
 
 def describe():
-    """For ``status()``: the standby's state, its forks and deaths."""
-    return f"{_why}; {_forks} worker(s) forked from a standby; {_deaths} standby death(s)"
+    """For ``status()``: the standby's state, its forks, deaths and replacements."""
+    replaced = (f"; {_replaced} replaced (the environment changed since it started)"
+                if _replaced else "")
+    return (f"{_why}; {_forks} worker(s) forked from a standby; {_deaths} standby "
+            f"death(s){replaced}")
 
 
 def _forget():
     """In a child of ``os.fork()``, or at ``reset()``: no standby is ours (a child cannot use
-    its parent's forkserver: it is not the child's child)."""
-    global _lock, _standby, _why, _forks, _deaths
-    _lock, _standby, _forks, _deaths = threading.Lock(), None, 0, 0
+    its parent's server: it is not the child's child)."""
+    global _lock, _standby, _why, _forks, _deaths, _replaced
+    _lock, _standby, _forks, _deaths, _replaced = threading.Lock(), None, 0, 0, 0
     _why = STANDBY_NOT_STARTED
 
 

@@ -14,6 +14,7 @@ queue, as ``maybe_finalize_async_save(terminate=True)`` does), ``activate`` and
 (``nvrx_ipc_fix.prewarm``), ``ready`` (wait until the prewarmed worker answered; how long it
 took to start, its parent), ``standby`` (wait until the standby restart's workers are forked
 from is ready), ``kill-standby`` (SIGKILL it), ``env-change`` (set a variable),
+``user-forkserver`` (what a child the user starts with ``get_context("forkserver")`` saw),
 ``offloading-<strategy>`` (offload, measure and onload inside
 ``nvrx_ipc_fix.offloading(strategy=...)``), ``kill-worker`` (SIGKILL the worker that
 would take the next save), ``stop-worker`` (SIGSTOP it), ``kill-worker-later`` (SIGKILL it a
@@ -91,6 +92,7 @@ HUNG = threading.Event()  # set once the watchdog has reported a hang
 FORK_EXIT_BOUND = 8.0  # seconds a forked child may take to exit before it counts as hung
 _forked = []  # fork-exit's child while it runs (the hang exit kills it)
 _scratch = None  # main()'s temp directory: this process's and its children's TMPDIR
+CHANGED = "SCENARIO_ENV_CHANGED"  # the variable env-change sets
 
 
 def _use_scratch(path):
@@ -122,17 +124,24 @@ def start_workers_from_forkserver(core):
     """Let NVRx start its processes (its workers; its results queue's manager) from a
     forkserver instead of a fresh interpreter each, which imports torch and NVRx again
     (3.5 s of a 2-core VM's CPU): NVRx asks ``mp.get_context("spawn")`` for each; both
-    pickle what they send the same way. The server is forked from this process now, before it
-    has a thread of its own, so it has torch and NVRx already (``_fork_server``), their
-    writer's module too (its ``torch.distributed.checkpoint``: 1.6 s of CPU in each worker
-    otherwise). For tests whose subject is not the cold start."""
+    pickle what they send the same way. The server is the harness's own
+    (``core.private_forkserver``: multiprocessing's stays the test's), forked from this
+    process now, before it has a thread of its own, so it has torch and NVRx already
+    (``_fork_server``), their writer's module too (its ``torch.distributed.checkpoint``:
+    1.6 s of CPU in each worker otherwise). For tests whose subject is not the cold start:
+    the standby (``NVRX_IPC_FIX_STANDBY``), a cold start of its own, is off unless the test
+    sets it."""
     import importlib
 
     import torch.multiprocessing as mp
 
-    server = mp.get_context("forkserver")
+    from ..core import config
+    from ..core.private_forkserver import Context
+
+    os.environ.setdefault(config.STANDBY, "off")
+    server = Context()
     writer = importlib.import_module(FS)
-    _fork_server()
+    _fork_server(server)
 
     class Contexts:
         def __getattr__(self, name):
@@ -146,12 +155,12 @@ def start_workers_from_forkserver(core):
         module.mp = Contexts()
 
 
-def _fork_server():
-    """Start multiprocessing's forkserver as a fork of this process rather than a fresh
-    interpreter: ``ensure_running`` as it is, but its ``spawnv_passfds`` forks and runs the
-    server's ``main`` on the two descriptors it passes (the listening socket, the read end of
-    the "alive" pipe), every other descriptor but the resource tracker's closed there, as
-    the spawn would. The resource tracker is started first, as multiprocessing starts it. The
+def _fork_server(context):
+    """Start ``context``'s server as a fork of this process rather than a fresh interpreter:
+    its ``ensure_running`` as it is, but ``spawnv_passfds`` forks and runs the server's
+    ``main`` on the two descriptors it passes (the listening socket, the read end of the
+    "alive" pipe), every other descriptor but the resource tracker's closed there, as the
+    spawn would. The resource tracker is started first, as multiprocessing starts it. The
     server freezes the heap it inherited (``gc.freeze``), so that the workers' collections
     neither walk nor copy torch's objects."""
     from multiprocessing import forkserver, resource_tracker, util
@@ -177,7 +186,7 @@ def _fork_server():
 
     spawnv, util.spawnv_passfds = util.spawnv_passfds, fork_server
     try:
-        forkserver.ensure_running()
+        context.start()
     finally:
         util.spawnv_passfds = spawnv
 
@@ -629,8 +638,11 @@ def _standby_step(trainer, report, index, name):
     current = standby._standby
     if current is not None:
         current.ready.wait(120.0)
-    return {"pid": getattr(current, "pid", None), "ready": bool(current and current.ready.is_set()),
-            "status": nvrx_ipc_fix.status().standby}
+    pid = getattr(current, "pid", None)
+    return {"pid": pid, "ready": bool(current and current.ready.is_set()),
+            "status": nvrx_ipc_fix.status().standby,
+            "earlier_alive": [s["pid"] for s in report.get("standby", [])
+                              if s["pid"] not in (None, pid) and standby._alive(s["pid"])]}
 
 
 @step("kill-standby", adds="standby_kills")
@@ -649,7 +661,16 @@ def _kill_standby(trainer, report, index, name):
 @step("env-change")
 def _env_change(trainer, report, index, name):
     """Set a variable: the environment is no longer the one the standby started with."""
-    os.environ["SCENARIO_ENV_CHANGED"] = str(index)
+    os.environ[CHANGED] = str(index)
+
+
+@step("user-forkserver", adds="user_children")
+def _user_forkserver(trainer, report, index, name):
+    """Start a child as the user's own code does, ``multiprocessing.get_context("forkserver")``:
+    what it saw (``testing.user_child``), ``env-change``'s variable among it."""
+    from .user_child import start
+
+    return start(multiprocessing.get_context("forkserver"), CHANGED)
 
 
 @step("resources", adds="resources")
@@ -743,6 +764,17 @@ def _parent(pid):
         return None
 
 
+def _environ(pid):
+    """The environment ``pid`` was started with (``/proc``; a forked process: its parent's at
+    the exec), or an empty dict."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as found:
+            entries = found.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(e.decode(errors="replace").partition("=")[::2] for e in entries if e)
+
+
 def _ready(trainer):
     """Wait for the prewarmed worker (the scenario's stand-in for the training between
     onload and save); how long it took to start, in the background."""
@@ -756,6 +788,7 @@ def _ready(trainer):
                 "pinning": 0, "pinned_bytes": 0, "pin_error": None}
     return {"pid": start.process.pid, "waited_s": waited, "error": start.error,
             "standby": start.standby, "parent": _parent(start.process.pid),
+            "env_changed": _environ(start.process.pid).get(CHANGED),
             "ready_s": None if start.ready_s is None else round(start.ready_s, 3),
             "pinning": start.pinning, "pinned_bytes": start.pinned_bytes,
             "pin_error": start.pin_error, "first_request_s": start.first_request_s,
