@@ -208,3 +208,36 @@ def test_dir_and_help_list_the_public_api_and_the_lazy_names_stay_lazy():
     for name in public:  # a function, a class, or an alias of one (name = class ...)
         assert any(f"\n    {name}{how}" in text for how in ("(", " = class ")) or (
             f"class {name}(" in text), name
+
+
+@needs_nvrx
+@pytest.mark.parametrize("first", ["package", "nvrx"])
+def test_nothing_is_imported_under_the_lifecycle_lock(first):
+    """The hooks decide and import (the checks, wrapt, the fix modules, the distribution's
+    version) before they take ``lifecycle._lock``, and activation registers its hooks after
+    it lets go: an import under the lock could wait on another thread's import whose hook
+    waits on the lock, a deadlock Python does not detect (issue 36)."""
+    under_lock = run_python(f"""
+        import json, sys
+        from nvrx_ipc_fix.core import lifecycle
+
+        class Recorder:  # sees every import not already done
+            seen = []
+            def find_spec(self, name, path=None, target=None):
+                if lifecycle._lock._is_owned():
+                    self.seen.append(name)
+                return None
+
+        sys.meta_path.insert(0, Recorder())
+        if {first!r} == "nvrx":
+            import nvidia_resiliency_ext.checkpointing.async_ckpt.core
+            import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async
+        import nvrx_ipc_fix
+        import nvidia_resiliency_ext.checkpointing.async_ckpt.core
+        import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async
+        status = nvrx_ipc_fix.status()
+        print(json.dumps([Recorder.seen, [f.state for f in status.fixes]]))
+    """, fresh=True)
+    seen, states = under_lock
+    assert "active" in states, states
+    assert seen == [], seen

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import state as _state
+from . import fork as _fork, state as _state
 from .detect import writer_class
 from .log import logger
 
@@ -50,6 +50,22 @@ class Totals:
 
 
 totals = Totals()
+_totals_lock = threading.Lock()
+
+
+def _fresh_lock():
+    global _totals_lock
+    _totals_lock = threading.Lock()
+
+
+_fork.in_child(_fresh_lock)
+
+
+def add(**deltas) -> None:
+    """Add to ``totals`` (from any thread), e.g. ``add(releases=1)``."""
+    with _totals_lock:
+        for name, delta in deltas.items():
+            setattr(totals, name, getattr(totals, name) + delta)
 
 
 def device_free_bytes() -> int | None:
@@ -121,9 +137,7 @@ def _clear(reason: str, free_before: int | None, keys: int | None) -> Cleanup:
     free_after = device_free_bytes()
     freed = None if free_before is None or free_after is None else max(0, free_after - free_before)
     done = Cleanup(reason, keys, freed, time.perf_counter() - start)
-    totals.cleanups += 1
-    totals.keys_cleared += keys
-    totals.freed_bytes += freed or 0
+    add(cleanups=1, keys_cleared=keys, freed_bytes=freed or 0)
     logger.info(
         "cleared %d cached checkpoint key(s) after %s%s (%.2f s)",
         keys, reason,

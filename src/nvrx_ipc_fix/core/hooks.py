@@ -4,26 +4,38 @@ wrapt's ``register_post_import_hook`` would do, but ``import wrapt`` 2.x imports
 and costs more than a whole interpreter start-up on a small machine, so activation
 registers hooks here and wrapt is imported only when a target module has been imported.
 Semantics follow wrapt's: a hook runs once, right after its module executes, or at once
-if the module is already imported; a failing hook never breaks the import.
+if the module is already imported; a failing hook never breaks the import. As in wrapt, the
+registry is locked and no hook runs under that lock.
 """
 
+import _thread
 import sys
 
-from . import state as _state
+from . import fork as _fork, state as _state
 
 _hooks = {}  # module name -> [callable(module)]
-_searching = set()  # names whose spec this finder is looking up (re-entry guard)
+_lock = _thread.allocate_lock()  # _hooks: registered by activation, taken by the importer
+_searching = _thread._local()  # .names: what this thread's finder is looking up (re-entry)
+
+
+def _fresh_lock():
+    global _lock
+    _lock = _thread.allocate_lock()
+
+
+_fork.in_child(_fresh_lock)
 
 
 def when_imported(name, hook):
     """Run ``hook(module)`` after ``name`` is imported, or now if it already is."""
-    module = sys.modules.get(name)
-    if module is not None:
-        now_or_when_ready(module, hook)
-        return
-    _hooks.setdefault(name, []).append(hook)
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+    with _lock:  # an import that ends meanwhile finds the hook, or we find its module
+        module = sys.modules.get(name)
+        if module is None:
+            _hooks.setdefault(name, []).append(hook)
+            if _FINDER not in sys.meta_path:
+                sys.meta_path.insert(0, _FINDER)
+            return
+    now_or_when_ready(module, hook)
 
 
 def now_or_when_ready(module, hook):
@@ -59,9 +71,12 @@ class _Finder:
     """A meta-path finder that only decorates the loader of hooked modules."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _hooks or fullname in _searching:
+        searching = getattr(_searching, "names", None)
+        if searching is None:
+            searching = _searching.names = set()
+        if fullname not in _hooks or fullname in searching:
             return None
-        _searching.add(fullname)
+        searching.add(fullname)
         try:
             for finder in sys.meta_path:
                 find = getattr(finder, "find_spec", None)
@@ -73,7 +88,7 @@ class _Finder:
             else:
                 return None
         finally:
-            _searching.discard(fullname)
+            searching.discard(fullname)
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _Loader(spec.loader)
         return spec
@@ -98,7 +113,9 @@ class _Loader:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
         name = module.__spec__.name if module.__spec__ is not None else module.__name__
-        for hook in _hooks.pop(name, ()):
+        with _lock:
+            hooks = _hooks.pop(name, ())
+        for hook in hooks:
             _call(hook, sys.modules.get(name, module))
 
 
@@ -108,6 +125,6 @@ _FINDER = _Finder()
 @_state.on_reset
 def _reset():
     _hooks.clear()
-    _searching.clear()
+    _searching.__dict__.clear()
     while _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)

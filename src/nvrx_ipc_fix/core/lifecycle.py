@@ -86,14 +86,21 @@ def enable(source, claim=False):
         if source not in _requested:
             _requested.append(source)
         _config.configure_logging()
-        if _config.disabled_fixes(tuple(FIXES)) is not None and not _active:
-            _active, _source = True, source
-            for module_name in dict.fromkeys(t.module for t in TARGETS):
-                if module_name not in _hooked:
-                    _hooked.add(module_name)
-                    _hooks.when_imported(module_name, _on_import)  # runs now if imported
-                elif module_name in sys.modules:
-                    _hooks.now_or_when_ready(sys.modules[module_name], _on_import)
+        if _config.disabled_fixes(tuple(FIXES)) is None or _active:
+            return
+        _active, _source = True, source
+        hook, now = [], []
+        for module_name in dict.fromkeys(t.module for t in TARGETS):
+            if module_name not in _hooked:
+                _hooked.add(module_name)
+                hook.append(module_name)
+            elif module_name in sys.modules:
+                now.append(sys.modules[module_name])
+    # outside the lock, as wrapt's hooks: each may import (and run now if imported)
+    for module_name in hook:
+        _hooks.when_imported(module_name, _on_import)
+    for module in now:
+        _hooks.now_or_when_ready(module, _on_import)
 
 
 def deactivate():
@@ -157,16 +164,26 @@ def installed(fix, attr):
 
 
 def _on_import(module):
-    """Decide every target in ``module``, install what applies, then warn (unlocked)."""
+    """Decide every target in ``module``, install what applies, then warn. What may import
+    (the checks, wrapt, the fix modules, the distribution's version) runs before ``_lock``
+    is taken: an import under it could wait on another thread's import whose hook waits on
+    the lock (wrapt runs its hooks outside its lock for the same reason)."""
+    if not _active:
+        return
+    if module.__name__ in (CORE, MCORE_ASYNC):
+        from . import inherited  # noqa: F401  (registers with fork)
+    from . import log as _log, status as _status  # noqa: F401  (used under the lock)
+
+    mine = [t for t in TARGETS if t.module == module.__name__]
+    decided = _all_or_nothing({t: _decide(t, module) for t in mine})
+    wrappers = {t: _wrapper_of(t) for t, (state, *_) in decided.items()
+                if state == "active" and t not in _patches}
+    found = _distribution(module.__name__)
     with _lock:
-        if not _active:
+        if not _active:  # deactivated meanwhile
             return
-        if module.__name__ in (CORE, MCORE_ASYNC):
-            from . import inherited  # noqa: F401  (registers with fork)
-        mine = [t for t in TARGETS if t.module == module.__name__]
-        decided = _all_or_nothing({t: _decide(t, module) for t in mine})
-        _install_decided(decided, module)
-        notices = _losses(mine) + _untested(module.__name__)
+        _install_decided(decided, module, wrappers)
+        notices = _losses(mine) + _untested(found)
     if notices:
         from .log import logger
 
@@ -212,9 +229,10 @@ def _held_reason(target, causes):
             f"{', '.join(c.attr for c in causes)} cannot be patched here")
 
 
-def _install_decided(decided, module):
+def _install_decided(decided, module, wrappers):
     """Install, in ``TARGETS`` order (each wraps what is there: it sets how wrappers nest),
-    and record each verdict. A required target whose install raises takes its fix's others
+    and record each verdict. ``wrappers``: target -> its wrapper function, or the exception
+    that getting it raised. A required target whose install raises takes its fix's others
     here out again."""
     failed, done = {}, []
     for target, (state, reason, held) in decided.items():
@@ -226,7 +244,7 @@ def _install_decided(decided, module):
                 if target in _patches:
                     _patches[target].enabled = True
                 else:
-                    _install(target, *_resolve(module, target.attr))
+                    _install(target, wrappers[target], *_resolve(module, target.attr))
                 done.append(target)
                 from .log import logger
 
@@ -283,16 +301,29 @@ def _said(attrs, state, reason):
     return f"{', '.join(attrs)} {verb} ({reason})"
 
 
-def _untested(module_name):
-    """The notice for a distribution newer than tested, at the first of its target modules."""
+def _distribution(module_name):
+    """``(distribution, version, untested)`` of what ships ``module_name`` (its metadata and
+    ``packaging`` are imported to tell), or None for a module of no tested distribution or
+    of one seen already."""
     from . import detect as _detect
 
     dist = _detect.shipped_by(module_name)
     if dist is None or dist in _seen_dists:
-        return []
-    _seen_dists.add(dist)
+        return None
     version = _detect.distribution_version(dist)
-    if not _detect.untested(dist, version):
+    return dist, version, _detect.untested(dist, version)
+
+
+def _untested(found):
+    """The notice for a distribution newer than tested, at the first of its target modules.
+    ``found``: ``_distribution(module_name)``."""
+    from . import detect as _detect
+
+    if found is None or found[0] in _seen_dists:
+        return []
+    dist, version, untested = found
+    _seen_dists.add(dist)
+    if not untested:
         return []
     active = dict.fromkeys(t.fix for t in TARGETS if _detect.shipped_by(t.module) == dist
                            and _verdicts.get(t, ("",))[0] == "active")
@@ -324,13 +355,25 @@ def _shape_problem(original, params):
     return None
 
 
-def _install(target, owner, name, original):
+def _wrapper_of(target):
+    """The target's wrapper function (importing wrapt and its fix module), or the exception
+    that raised: ``_install_decided`` records it as the target's error."""
     import importlib
 
-    import wrapt
+    try:
+        import wrapt  # noqa: F401  (_install uses it under the lock)
 
-    module_name, function = target.wrapper.split(":")
-    wrapper = getattr(importlib.import_module(f"nvrx_ipc_fix.{module_name}"), function)
+        module_name, function = target.wrapper.split(":")
+        return getattr(importlib.import_module(f"nvrx_ipc_fix.{module_name}"), function)
+    except Exception as exc:
+        return exc
+
+
+def _install(target, wrapper, owner, name, original):
+    if isinstance(wrapper, Exception):
+        raise wrapper
+    import wrapt  # imported by _wrapper_of
+
     patch = _Patch(owner, name, original)
     patch.wrapper = wrapt.FunctionWrapper(original, wrapper, patch.is_enabled)
     setattr(owner, name, patch.wrapper)

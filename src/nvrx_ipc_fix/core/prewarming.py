@@ -333,7 +333,7 @@ def _start(queue, core, rank, slot):
         if caller is not None and caller.process is not None:
             _let_go(queue, caller, _starts.pop(caller, None))
         raise
-    _cleanup.totals.prewarms += 1
+    _cleanup.add(prewarms=1)
     if _exit_pid != os.getpid():
         _exit_pid = os.getpid()
         atexit.register(_at_exit)
@@ -400,7 +400,7 @@ def _failed(start, why):
         if start.error is not None or start.cancelled:
             return
         start.error = why
-        _cleanup.totals.prewarm_failures += 1
+        _cleanup.add(prewarm_failures=1)
     logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) %s; the next save "
                    "starts a fresh worker, as without prewarm", _monitor.rank(),
                    start.process.pid, why)

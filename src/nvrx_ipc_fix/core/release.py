@@ -257,7 +257,7 @@ def _release(queue, strategy, timeout, held):
 
         warn_once(("release", report.error), "nvrx_ipc_fix: release: %s", report.error)
     if released:
-        _cleanup.totals.releases += 1
+        _cleanup.add(releases=1)
         logger.info(report.summary())
     return report
 

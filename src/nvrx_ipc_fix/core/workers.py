@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import threading
 import weakref
 from queue import Empty
 
@@ -37,6 +38,7 @@ class Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback
 
 
 _callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the callers at_exit stops
+_lock = threading.Lock()  # _callers: written by the trainer, the resume and prewarm threads
 #: Callers whose worker was let go. megatron-core keeps its worker and queues on the class:
 #: no other caller may reach them through the class (a closed caller's ``__del__`` closes
 #: "its" worker whenever the garbage collector runs).
@@ -48,7 +50,8 @@ _no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize 
 def _forget_the_parent():
     """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
     (``core.inherited``, which finds the others), and the watch keeps no record of them."""
-    global _callers, _abandoned
+    global _callers, _abandoned, _lock
+    _lock = threading.Lock()  # the parent's may be held by a thread this child does not have
     inherited.forget(list(_callers))
     _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
@@ -58,12 +61,13 @@ _fork.in_child(_forget_the_parent, f"{CORE}:PersistentAsyncCaller.close")
 
 def state(caller):
     global _exit_pid
-    state = _callers.get(caller)
-    if state is None:
-        state = _callers[caller] = _CallerState()
-        if _exit_pid != os.getpid():
-            _exit_pid = os.getpid()
-            atexit.register(at_exit)
+    with _lock:
+        state = _callers.get(caller)
+        if state is None:
+            state = _callers[caller] = _CallerState()
+            if _exit_pid != os.getpid():
+                _exit_pid = os.getpid()
+                atexit.register(at_exit)
     return state
 
 
@@ -75,7 +79,9 @@ def at_exit():
     is finalized (that would take collectives)."""
     if _exit_pid != os.getpid():
         return
-    for caller, state in list(_callers.items()):
+    with _lock:
+        callers = list(_callers.items())
+    for caller, state in callers:
         process = _monitor.started_process(process_of(caller))
         if process is None or state.death is not None:
             continue
@@ -156,7 +162,8 @@ def abandon(caller):
     what the trainer believed it cached."""
     process = process_of(caller)
     comp_q = queues_of(caller)[2]
-    completed = _callers[caller].completed if caller in _callers else set()
+    known = _callers.get(caller)
+    completed = known.completed if known is not None else set()
     while comp_q is not None:
         try:
             item = comp_q.get_nowait()
