@@ -113,6 +113,11 @@ def persistent_worker(module):
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
     if not hasattr(module, "_ActiveAsyncRequest"):
         return "unsupported", "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize"
+    from .shapes import collective_problem
+
+    problem = collective_problem(module)
+    if problem is not None:
+        return "unsupported", problem
     return "active", ("a dead persistent worker is one error per rank, raised by the finalize of "
                       "the failed save; stalls are logged")
 
@@ -217,6 +222,8 @@ def _watch(fix, module, applies):
                wrapper("finalize_wrapper"), ("self", "blocking", "no_dist"), applies),
         Target(fix, module, "PersistentAsyncCaller.is_current_async_call_done",
                wrapper("done_wrapper"), ("self", "blocking", "no_dist"), applies),
+        Target(fix, module, "AsyncCaller.sync_all_async_calls", wrapper("sync_wrapper"),
+               ("self", "is_alive"), applies),
         Target(fix, module, "PersistentAsyncCaller.close", wrapper("close_wrapper"), ("self",),
                applies),
         Target(fix, module, "AsyncCallsQueue.close", wrapper("queue_close_wrapper"), ("self",),

@@ -12,11 +12,13 @@ into the worker is touched):
   is dead (before the save or during the handshake) is still scheduled, as NVRx counts it,
   but marked failed; the call returns, and the save's finalize raises. The request's
   functions run inside ``_worker.reporting``, which leaves the worker's traceback.
-* ``PersistentAsyncCaller.is_current_async_call_done``: the same protocol as NVRx's (one
-  int all-reduce over ranks, the same tensor), but the local wait ends when the worker
-  dies, a completion is accepted only for the save being finalized (never an older one, nor
-  ``release()``'s), and a failure adds ``FAILED`` to the all-reduced value, so every rank
-  learns of it in the collective NVRx makes anyway and raises.
+* ``PersistentAsyncCaller.is_current_async_call_done``: NVRx's own check, called once, but
+  the local wait before it ends when the worker dies, and a completion is accepted only for
+  the save being finalized (never an older one, nor ``release()``'s).
+* ``AsyncCaller.sync_all_async_calls``, the all-reduce that check makes: a failed rank adds
+  its failure flag to the value, so every rank learns of it in the collective NVRx makes
+  anyway, and raises; no other collective is made. Its shape is probed first
+  (``core.shapes``): where it is not the one-int sum, the watch is not installed.
 * ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped (never
   finalized); the finalize goes on with the saves behind it as NVRx would (a blocking one
   waits for them all), then raises one error naming every save that was not saved.
@@ -39,17 +41,16 @@ ranks while the interpreter shuts down.
 from __future__ import annotations
 
 import sys
+import threading
 from functools import partial
 from queue import Empty
 
-from ..core import monitor as _monitor, worker as _worker, workers as _workers
-from ..core.arguments import flags
+from ..core import monitor as _monitor, shapes as _shapes, worker as _worker
+from ..core import workers as _workers
+from ..core.arguments import flags, replaced, values
 from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
 from ..core.log import hook_failed, logger
 
-#: Added to NVRx's "still writing" count by a rank whose worker failed; the all-reduced sum
-#: then tells every rank (up to 2047 failed ranks decode exactly; more still read as failed).
-FAILED = 1 << 20
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
 FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
                  "checkpoints in different orders (maybe_finalize_async_save must run on "
@@ -276,7 +277,12 @@ def _note(exc, failures):
 
 
 def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
-    """Around ``PersistentAsyncCaller.is_current_async_call_done(blocking, no_dist)``."""
+    """Around ``PersistentAsyncCaller.is_current_async_call_done(blocking, no_dist)``: NVRx's
+    own check, called once with every argument, after the local wait it cannot end (a dead
+    worker) is done here: the completion of this save (never an older one, nor
+    ``release()``'s) is put in ``cur_item``, where NVRx takes it, or this rank's failure is
+    known. NVRx's all-reduce then carries that failure (``sync_wrapper``); a failure of this
+    rank or another raises."""
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
     blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
@@ -291,24 +297,96 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
                 error = _lost(save, state.death)
         elif _workers.process_of(caller) is not None:
             caller.cur_item, error = _completion(caller, save, blocking)
-    alive = (caller.cur_item is None and error is None and state.death is None
-             and _workers.process_of(caller) is not None)
-    if no_dist:
-        if error is not None:
+    if error is not None:
+        caller.cur_item = save  # NVRx waits for nothing more here: its count is done
+    pending = caller.cur_item is None and _workers.process_of(caller) is not None
+    check = _checks.current = _Check(caller, error is not None)
+    let_go = _shapes.hold_reads(_workers.queues_of(caller)[2]) if pending else None
+    try:  # pending: NVRx's own look at the completions finds none (this one found none)
+        done = wrapped(*args, **kwargs)
+    finally:
+        _checks.current = None
+        if let_go is not None:
+            let_go()
+    if not no_dist and check.total is not None:
+        failed, failed_rank = _decode(check.total, check.world)
+        if failed:
             _consume(caller, state, save)
+            error = error or _peer_error(save, failed, failed_rank)
+            error.failed_ranks = ((failed_rank,) if failed_rank is not None else
+                                  (_monitor.rank(),) if check.failed else ())
             raise error
-        done = not alive
-    else:
-        total, failed_ranks = _collective(save, alive, error is not None)
-        if failed_ranks or total >= FAILED or total < 0:
-            _consume(caller, state, save)
-            error = error or _peer_error(save, failed_ranks)
-            error.failed_ranks = failed_ranks
-            raise error
-        done = total == 0
+    if error is not None:  # no_dist: there is no peer to tell
+        _consume(caller, state, save)
+        raise error
     if done:
         _consume(caller, state, save)
     return done
+
+
+class _Check:
+    """One ``is_current_async_call_done`` of ``caller`` in this thread: whether this rank
+    failed, and the sum NVRx's all-reduce gave (None until it ran)."""
+
+    __slots__ = ("caller", "failed", "total", "world")
+
+    def __init__(self, caller, failed):
+        self.caller, self.failed, self.total, self.world = caller, failed, None, 1
+
+
+_checks = threading.local()
+
+
+def sync_wrapper(wrapped, caller, args, kwargs):
+    """Around ``AsyncCaller.sync_all_async_calls(is_alive)``, NVRx's finalize all-reduce
+    (one int summed over ranks: ``shapes.COLLECTIVE``): inside ``done_wrapper`` this rank's
+    failure flag is added to its value, and the sum is read. Anywhere else (NVRx's temporal
+    caller) it is NVRx's call alone."""
+    check = getattr(_checks, "current", None)
+    if check is None or check.caller is not caller or check.total is not None:
+        return wrapped(*args, **kwargs)
+    import torch
+
+    check.world = torch.distributed.get_world_size()
+    if check.failed:
+        is_alive, = values(wrapped, args, kwargs, "is_alive")
+        args, kwargs = replaced(wrapped, args, kwargs,
+                                is_alive=_flagged(is_alive, _monitor.rank(), check.world))
+    release = sys.modules.get("nvrx_ipc_fix.core.release")
+    hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
+    with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save "
+                           f"#{_front(caller)}", hint=hint):
+        result, check.total = _shapes.summed(lambda: wrapped(*args, **kwargs))
+    return result
+
+
+def _front(caller):
+    outstanding = _workers.state(caller).outstanding
+    return outstanding[0] if outstanding else None
+
+
+def _fields(world):
+    """How a failure is added to NVRx's one int32 summed over ``world`` ranks (each rank's
+    value without it: 1 while still writing, else 0): ``(unit, named)``. A failed rank adds
+    ``unit`` (a count of up to ``world`` ranks fits below it), and, where ``named``, ``unit``
+    squared times its rank, so that a lone failed rank is known by every rank."""
+    bits = max(world, 1).bit_length()
+    return 1 << bits, 3 * bits <= 31
+
+
+def _flagged(is_alive, rank, world):
+    """This failed rank's value for the all-reduce."""
+    unit, named = _fields(world)
+    return int(is_alive) + unit + (unit * unit * (rank or 0) if named else 0)
+
+
+def _decode(total, world):
+    """``(ranks failed, the failed rank or None)`` from the sum (taken modulo 2**32: where
+    several failed ranks overflow the int, their count still holds)."""
+    unit, named = _fields(world)
+    raw = total % (1 << 32)
+    failed = (raw // unit) % unit if named else raw // unit
+    return failed, (raw // (unit * unit) if named and failed == 1 else None)
 
 
 def _consume(caller, state, save):
@@ -380,10 +458,11 @@ def worker_loop_wrapper(wrapped, instance, args, kwargs):
 
 # -- failure handling -------------------------------------------------------------------------
 
-def _peer_error(save, failed_ranks):
-    who = ", ".join(map(str, failed_ranks)) or "another rank"
+def _peer_error(save, failed, failed_rank):
+    who = (f"rank {failed_rank}" if failed_rank is not None else
+           f"{failed} ranks" if failed > 1 else "another rank")
     return CheckpointWorkerError(
-        f"rank {_monitor.rank()}: save #{save} failed on rank {who}: its checkpoint worker "
+        f"rank {_monitor.rank()}: save #{save} failed on {who}: its checkpoint worker "
         "failed (see that rank's error). The save was not finalized on any rank.",
         rank=_monitor.rank(), save=save)
 
@@ -451,37 +530,3 @@ def _own_failure(caller, save, process, when="while writing it", exitcode=None):
     _workers.state(caller).death = death
     _workers.abandon(caller)
     return _worker_error(save, pid, exitcode, when, death.worker_traceback)
-
-
-def _collective(save, alive, failed):
-    """NVRx's finalize all-reduce (``sync_all_async_calls``: one int, summed, on the current
-    device) with this rank's failure added; returns ``(sum, failed ranks)``."""
-    import torch
-
-    value = int(bool(alive)) + (FAILED if failed else 0)
-    tensor = torch.tensor([value], dtype=torch.int, device=torch.cuda.current_device())
-    release = sys.modules.get("nvrx_ipc_fix.core.release")
-    hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
-    with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save #{save}",
-                           hint=hint):
-        torch.distributed.all_reduce(tensor)
-        total = int(tensor[0])  # NCCL returns at once: the wait is here
-    if 0 <= total < FAILED:
-        return total, ()
-    return total, _failed_ranks(failed)
-
-
-def _failed_ranks(failed):
-    """Which ranks failed (every rank takes part, so this second collective is safe)."""
-    import torch
-
-    mine = _monitor.rank() if failed else None
-    try:
-        found = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(found, mine)
-        return tuple(rank for rank in found if rank is not None)
-    except Exception as exc:  # the count still says that some rank failed
-        logger.warning("could not learn which ranks failed: %s", exc)
-        return (mine,) if mine is not None else ()
-
-
