@@ -10,7 +10,8 @@ counted the same way.
 
 import pytest
 
-from conftest import MCORE, NVRX, scenario
+from conftest import MCORE, NVRX, needs_nvrx, scenario
+from test_auto_release import DOUBLES
 
 #: ``_count(owner, name, key)``: each call of ``owner.name`` from now on is recorded under
 #: ``key`` (its flag and int arguments), then made.
@@ -78,6 +79,44 @@ def test_the_finalize_calls_nvrx_s_check_and_its_collective_once_and_adds_none(
     # NVRx's: one all-reduce per check, one per save finalized (its call_idx check)
     assert len(calls.get("all_reduce", [])) == (0 if no_dist else len(done) + 2), calls
     assert not {"all_gather_object", "broadcast_object_list", "barrier"} & set(calls), calls
+
+
+CLOSES = COUNTING + f"""
+    import sys, types
+    sys.path.insert(0, {DOUBLES!r})
+    from megatron.bridge.training import checkpointing as _bridge
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import core as _core
+    _count(_core.AsyncCallsQueue, "close", "close")
+    _count(_bridge, "maybe_finalize_async_save", "terminate")
+    from nvrx_ipc_fix.testing import scenario as _s
+
+    def _terminate(trainer):
+        _bridge.maybe_finalize_async_save(
+            types.SimpleNamespace(async_calls_queue=trainer.queue),
+            types.SimpleNamespace(async_save=True), blocking=True, terminate=True)
+
+    _s.EXTRA_STEPS.update(terminate=_terminate, calls=_report)
+"""
+
+
+@needs_nvrx
+@pytest.mark.worker
+def test_a_close_or_terminate_that_meets_a_failure_runs_once():
+    """NVRx's ``close()`` and Bridge's ``maybe_finalize_async_save(terminate=True)`` (its test
+    double; the real Megatron's: test_frameworks.py), each called once although the finalize
+    they start with raises: the close is still done, then the failure raised."""
+    report = scenario(["save", "fault-kill-async", "close?#close", "save",
+                       "fault-raise-async", "terminate?#terminate", "save", "calls#calls"],
+                      prelude=CLOSES)
+    assert report["hang"] is None, report["stderr"]
+    for name in ("close", "terminate"):
+        call = report["named"][name]
+        assert call["error"]["type"] == "CheckpointWorkerError", call
+        assert call["again"] is None and call["pending_after"] == 0, call
+    assert [s["stale"] for s in report["saves"] if not s.get("lost")] == [0, 0, 0]
+    calls = report["named"]["calls"]["calls"]
+    assert len(calls["terminate"]) == 1, calls  # the user's call, once
+    assert len(calls["close"]) == 2, calls  # the user's close, and the terminate's
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8, 1023, 1024, 5000, 65535])

@@ -48,7 +48,7 @@ from queue import Empty
 from ..core import monitor as _monitor, shapes as _shapes, worker as _worker
 from ..core import workers as _workers
 from ..core.arguments import flags, replaced, values
-from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
+from ..core.errors import STOP, CheckpointWorkerError, add_note, annotate
 from ..core.log import hook_failed, logger
 
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
@@ -164,9 +164,21 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     """Around ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped, the
     saves behind it are finalized as NVRx would, then one error names what was not saved.
     A blocking finalize also goes on past NVRx's own failure of one save (its finalize
-    functions raised; NVRx had taken it off the queue), so that nothing is left pending."""
+    functions raised; NVRx had taken it off the queue), so that nothing is left pending.
+    Inside a close or a terminate (``_Held``) that error waits for the end of that call."""
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
+    try:
+        return _finalize(wrapped, queue, args, kwargs)
+    except STOP:
+        raise
+    except BaseException as failure:
+        if _Held.keeps(queue, failure):
+            return list(getattr(failure, "finalized", ()))
+        raise
+
+
+def _finalize(wrapped, queue, args, kwargs):
     try:
         blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
         _workers.finalized_with(queue, no_dist)
@@ -204,25 +216,63 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     return finalized
 
 
+class _Held:
+    """The failed checkpoints the finalizes inside one close of ``queue`` (or, ``queue``
+    None, one Megatron or Bridge terminate) ended in, held until that call is done: NVRx's
+    own code then goes on (the saves behind are finalized by the close, the worker
+    stopped), called once."""
+
+    __slots__ = ("queue", "failures")
+
+    def __init__(self, queue):
+        self.queue, self.failures = queue, []
+
+    def __enter__(self):
+        _holding.__dict__.setdefault("calls", []).append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _holding.calls.pop()
+
+    @classmethod
+    def keeps(cls, queue, failure):
+        """Hold ``failure``, the end of a finalize of ``queue``, for the innermost close or
+        terminate in this thread; False where there is none, or where that close could not
+        go on (saves are left pending: NVRx's close stops there, as without the package)."""
+        calls = getattr(_holding, "calls", None)
+        held = calls[-1] if calls else None
+        if held is None or (held.queue is not None and (
+                held.queue is not queue or queue.get_num_unfinalized_calls())):
+            return False
+        held.failures.append(failure)
+        return True
+
+
+_holding = threading.local()  # .calls: this thread's _Held, innermost last
+
+
 def queue_close_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
-    """Around ``AsyncCallsQueue.close``: when the finalize it starts with raises (a failed
-    checkpoint) and leaves nothing pending, the close is still done, then that raises."""
+    """Around ``AsyncCallsQueue.close``: when the finalize it starts with ends in a failed
+    checkpoint and leaves nothing pending, NVRx's close goes on (the worker is stopped), then
+    that failure is raised."""
     if _finalizing():
         return wrapped(*args, **kwargs)
-    try:
-        return wrapped(*args, **kwargs)
-    except STOP:
-        raise
-    except BaseException as failure:
-        if queue.get_num_unfinalized_calls():  # the finalize could not go on: as NVRx left it
+    with _Held(queue) as held:
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if held.failures:
+                annotate(exc, held.failures[0])
             raise
-        deliver(failure, lambda: wrapped(*args, **kwargs))
+    if held.failures:
+        raise held.failures[0]
+    return result
 
 
 def terminate_wrapper(wrapped, instance, args, kwargs):
     """Around Megatron's and Bridge's ``maybe_finalize_async_save``: with ``terminate=True``,
-    when the finalize it starts with raises (a failed checkpoint), the rest of the call (the
-    saves behind, the close) is still done, then the failure is raised."""
+    when the finalize it starts with ends in a failed checkpoint, the rest of the call (the
+    saves behind, the close) still runs, then the failure is raised."""
     try:
         terminate, = flags(wrapped, args, kwargs, "terminate")
     except Exception as exc:
@@ -230,19 +280,19 @@ def terminate_wrapper(wrapped, instance, args, kwargs):
         terminate = False
     if not terminate:
         return wrapped(*args, **kwargs)
-    try:
-        return wrapped(*args, **kwargs)
-    except STOP:
-        raise
-    except BaseException as failure:  # the finalize before the close: the close did not run
+    with _Held(None) as held:
         try:
-            wrapped(*args, **kwargs)
+            result = wrapped(*args, **kwargs)
         except STOP:
             raise
-        except BaseException as again:
-            add_note(failure, f"nvrx_ipc_fix: completing the terminate then raised "
-                              f"{type(again).__name__}: {again}")
-        raise failure
+        except BaseException as again:  # the close's own: raised after what came first
+            if not held.failures:
+                raise
+            add_note(held.failures[0], f"nvrx_ipc_fix: completing the terminate then raised "
+                                       f"{type(again).__name__}: {again}")
+    if held.failures:
+        raise held.failures[0]
+    return result
 
 
 def _summary(failures, finalized):
