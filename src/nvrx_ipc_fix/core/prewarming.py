@@ -304,23 +304,19 @@ def _blocked(queue, core, rank):
 def _start(queue, core, rank, slot):
     """Start ``queue``'s worker and the thread that waits for its answer; its ``_Start``. The
     worker goes to the queue's caller (NVRx makes one as for a save), or with ``slot`` and
-    no caller yet to NVRx's warm-up slot, as ``warmup_persistent_caller`` does."""
+    no caller yet to NVRx's warm-up slot, by NVRx's own ``warmup_persistent_caller``."""
     global _exit_pid
     caller = queue.persistent_caller
     slot = slot and caller is None
     try:
-        if slot:
-            params = inspect.signature(core.PersistentAsyncCaller).parameters
-            caller = core.PersistentAsyncCaller(**{
-                name: getattr(queue, name) for name in SETTINGS
-                if name in params and hasattr(queue, name)})
-        elif caller is None:
-            caller = queue._get_async_caller()
         with _standby.starting(core) as standby:  # forked from the standby, if it serves
-            caller._start_worker(rank)
-        caller.rank = rank
-        if slot:
-            core.AsyncCallsQueue._warmup_persistent_caller = caller
+            if slot:
+                core.AsyncCallsQueue.warmup_persistent_caller(rank, **_settings(queue, core))
+                caller = core.AsyncCallsQueue._warmup_persistent_caller
+            else:
+                caller = caller or queue._get_async_caller()
+                caller._start_worker(rank)
+                caller.rank = rank
         _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
         sizes = _sizes.get(queue, ()) if _config.pin_ahead() and not slot else ()
         caller.queue.put(core.AsyncRequest(warm_up, (list(WORKER_IMPORTS), sizes, standby),
@@ -338,6 +334,13 @@ def _start(queue, core, rank, slot):
         _exit_pid = os.getpid()
         atexit.register(_at_exit)
     return start
+
+
+def _settings(queue, core):
+    """The queue's settings that NVRx's warm-up takes too."""
+    params = inspect.signature(core.AsyncCallsQueue.warmup_persistent_caller).parameters
+    return {name: getattr(queue, name) for name in SETTINGS
+            if name in params and hasattr(queue, name)}
 
 
 def _await_ready(caller, start):
