@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 import weakref
 
+from ..core import shapes as _shapes
 from ..core.cleanup import forget_keys, on_forget
 from ..core.detect import FS
 from ..core.log import hook_failed
@@ -44,9 +45,8 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     """Around ``FileSystemWriterAsync.prepare_write_data(plan, planner)``."""
     try:
         plan, planner = _plan_and_planner(*args, **kwargs)
-        guarded = instance.use_cached_data_structure and not getattr(
-            instance, "use_cpu_shm_for_gpu_tensors", False)
-        byte_io = sys.modules[FS].WriteItemType.BYTE_IO
+        guarded = _shapes.caches_ipc(instance)
+        byte_io = _shapes.byte_io(sys.modules[FS])
     except Exception as exc:
         hook_failed(PREPARE_TARGET, exc)
         guarded = False
@@ -76,7 +76,7 @@ def _plan_and_planner(plan, planner, *_args, **_kwargs):
 
 
 def _tensor_items(plan) -> list:
-    byte_io = sys.modules[FS].WriteItemType.BYTE_IO
+    byte_io = _shapes.byte_io(sys.modules[FS])
     return [item for item in plan.items if item.type != byte_io]
 
 
@@ -110,18 +110,12 @@ def _record_resolved(planner, byte_io, out):
     return restore
 
 
-def _reused(instance) -> bool:
-    """Did NVRx reuse the worker's cache (send only the key) in this call?"""
-    return (getattr(instance, "consistent_data_identifier", None) is not None
-            and getattr(instance, "cached_tensor_data", None) is None)
-
-
 def _reused_but_moved(instance, plan, planner, resolved) -> bool:
     """NVRx reused the worker's cache: is it stale (or unknown: activated after the first
     save)?"""
-    if not _reused(instance):
+    if not _shapes.reused(instance):
         return False  # NVRx sent the tensors, or cached nothing
-    record = _sent.get(instance.consistent_data_identifier.key)
+    record = _sent.get(_shapes.cache_key(instance))
     if record is None:
         return True
     count, cached = record
@@ -138,14 +132,13 @@ def _resolved(plan, planner, resolved, count=None):
 
 def _send(instance, plan, planner, resolved) -> None:
     """Complete the send NVRx makes when the worker caches nothing under the key: the
-    tensors it resolved for this save and did not send uncached (its own partition), in
-    ``cached_tensor_data``; the key stays in ``_cached_identifiers``, as NVRx leaves it."""
+    tensors it resolved for this save and did not send uncached (its own partition)."""
     items = _tensor_items(plan)
-    uncached = {id(item) for item in (instance.uncached_tensor_data or ((), ()))[0]}
+    uncached = {id(item) for item in _shapes.sent_uncached(instance)}
     kept = [(item, data.detach()) for item, data in zip(items, _resolved(plan, planner,
                                                                           resolved))
             if id(item) not in uncached]
-    instance.cached_tensor_data = ([item for item, _ in kept], [data for _, data in kept])
+    _shapes.send(instance, [item for item, _ in kept], [data for _, data in kept])
 
 
 def _send_if_reused(instance, plan, planner, resolved) -> None:
@@ -153,7 +146,7 @@ def _send_if_reused(instance, plan, planner, resolved) -> None:
     the check cannot decide is sent whole). Where that fails too, the save is NVRx's own
     and the keys are forgotten, so that the next one sends everything."""
     try:
-        if _reused(instance):
+        if _shapes.reused(instance):
             _send(instance, plan, planner, resolved)
     except Exception as exc:
         hook_failed(PREPARE_TARGET, exc)
@@ -172,14 +165,13 @@ def _moved(cached, tensors) -> bool:
 
 
 def _record_sent(instance, plan) -> None:
-    identifier = getattr(instance, "consistent_data_identifier", None)
-    sent = getattr(instance, "cached_tensor_data", None)
-    if identifier is None or sent is None:
+    key, sent = _shapes.cache_key(instance), _shapes.sent(instance)
+    if key is None or sent is None:
         return  # nothing cached, or NVRx reused what the worker holds
     items, tensors = sent
     tensor_items = _tensor_items(plan)
     position = {id(item): i for i, item in enumerate(tensor_items)}
-    _sent[identifier.key] = (len(tensor_items), tuple(
+    _sent[key] = (len(tensor_items), tuple(
         (position[id(item)], weakref.ref(tensor.untyped_storage()), tensor.data_ptr())
         for item, tensor in zip(items, tensors)
     ))

@@ -65,18 +65,18 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     save that cannot reach a live worker is scheduled as failed, for its finalize. The
     package's own defect falls back to NVRx's call, all or nothing: before NVRx's call,
     nothing of the queue's count has changed; after it, NVRx's count stands."""
-    if _finalizing() or not getattr(queue, "persistent", True):
+    if _finalizing() or not _shapes.is_persistent(queue):
         return wrapped(*args, **kwargs)
     target = _target(wrapped)
     try:
-        caller = _workers.caller_of(queue)
+        caller = _shapes.caller_of(queue)
         if _workers.abandoned(caller):  # NVRx 0.4.1 keeps a closed caller
             _workers.forget_caller(queue, caller)  # as 0.5.0+ does: the save makes a fresh one
-            caller = _workers.caller_of(queue)
+            caller = _shapes.caller_of(queue)
         save = queue.call_idx + 1
         request = args[0] if args else kwargs["async_request"]
         process = _workers.process_of(caller)
-        entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
+        entry = partial(_shapes.entry, sys.modules[wrapped.__module__])  # probed: it exists
         sent = _reporting(request)  # NVRx gets every argument it was given, this one replaced
         sent_args, sent_kwargs = (((sent, *args[1:]), kwargs) if args else
                                   ((), {**kwargs, "async_request": sent}))
@@ -92,14 +92,14 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             hook_failed(target, exc)
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
-        _workers.release_join(_workers.queues_of(_workers.caller_of(queue))[1])
+        _workers.release_join(_workers.queues_of(_shapes.caller_of(queue))[1])
 
     with _monitor.watching(f"the preload handshake of save #{save}",
-                           lambda: _workers.process_of(_workers.caller_of(queue)), unblock) as wait:
+                           lambda: _workers.process_of(_shapes.caller_of(queue)), unblock) as wait:
         try:
             result = wrapped(*sent_args, **sent_kwargs)
         except BaseException as exc:  # an interrupt, say: the other ranks must still learn
-            caller = _workers.caller_of(queue)
+            caller = _shapes.caller_of(queue)
             if queue.call_idx == save and not _appended(queue, save) and caller is not None:
                 error = CheckpointWorkerError(
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
@@ -108,7 +108,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
     try:
-        caller = queue.async_calls[-1][1] if _appended(queue, save) else _workers.caller_of(queue)
+        caller = queue.async_calls[-1][1] if _appended(queue, save) else _shapes.caller_of(queue)
         if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
             return _died_before(queue, entry(save, caller, request), _workers.process_of(caller),
                                 "during the preload handshake", wait.exitcode)
@@ -128,7 +128,7 @@ def _reporting(request):
     traceback reaches the trainer's error); unchanged where it has none."""
     changes = {name: partial(_worker.reporting, getattr(request, name))
                for name in ("async_fn", "preload_fn") if getattr(request, name, None)}
-    return request._replace(**changes) if changes and hasattr(request, "_replace") else request
+    return _shapes.with_functions(request, **changes) if changes else request
 
 
 def _died_before(queue, entry, process, when, exitcode=None):
@@ -349,9 +349,10 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
             caller.cur_item, error = _completion(caller, save, blocking)
     if error is not None:
         caller.cur_item = save  # NVRx waits for nothing more here: its count is done
-    pending = caller.cur_item is None and _workers.process_of(caller) is not None
+    completions = _workers.queues_of(caller)[2]
+    pending = caller.cur_item is None and completions is not None
     check = _checks.current = _Check(caller, error is not None)
-    let_go = _shapes.hold_reads(_workers.queues_of(caller)[2]) if pending else None
+    let_go = _shapes.hold_reads(completions) if pending else None
     try:  # pending: NVRx's own look at the completions finds none (this one found none)
         done = wrapped(*args, **kwargs)
     finally:
@@ -469,7 +470,7 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
         _workers.release_join(_workers.queues_of(caller)[0])
 
     try:
-        if hasattr(caller, "sigterm_timeout") and flags(wrapped, args, kwargs, "abort")[0]:
+        if _shapes.abort_waits(caller) and flags(wrapped, args, kwargs, "abort")[0]:
             _wake(caller)
     except Exception as exc:  # the package's own defect: NVRx's abort runs as without it
         hook_failed(_target(wrapped), exc)
