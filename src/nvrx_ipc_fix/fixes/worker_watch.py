@@ -350,7 +350,8 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     if error is not None:
         caller.cur_item = save  # NVRx waits for nothing more here: its count is done
     completions = _workers.queues_of(caller)[2]
-    pending = caller.cur_item is None and completions is not None
+    pending = (caller.cur_item is None and completions is not None
+               and _workers.process_of(caller) is not None)
     check = _checks.current = _Check(caller, error is not None)
     let_go = _shapes.hold_reads(completions) if pending else None
     try:  # pending: NVRx's own look at the completions finds none (this one found none)
