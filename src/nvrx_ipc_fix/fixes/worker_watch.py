@@ -24,9 +24,10 @@ into the worker is touched):
   waits for them all), then raises one error naming every save that was not saved.
 * ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
   dies during the close ends the wait.
-* ``AsyncCallsQueue.close``: when the finalize it starts with raises a failed checkpoint
-  and leaves nothing pending, the close is still done, then the failure is raised; the same
-  for Megatron's and Bridge's ``maybe_finalize_async_save(terminate=True)``.
+* ``AsyncCallsQueue.close``: when the finalize it starts with ends in a failed checkpoint
+  and leaves nothing pending, the failure is held while NVRx's close goes on (called once),
+  then raised; the same for Megatron's and Bridge's ``maybe_finalize_async_save(terminate=
+  True)`` (``_Held``).
 * ``PersistentAsyncCaller.async_process_target`` (NVRx 0.5.0+, in the worker only, where it
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
