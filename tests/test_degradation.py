@@ -17,20 +17,22 @@ from pathlib import Path
 
 import pytest
 
-from conftest import last_json, needs_cache, run_process, run_python, scenario
+from conftest import last_json, needs_cache, run_process, run_python, scenario, scenario_ranks
 
 pytestmark = needs_cache
 
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 DONE = "PersistentAsyncCaller.is_current_async_call_done"
+SYNC = "AsyncCaller.sync_all_async_calls"
 WATCHED = ("AsyncCallsQueue.schedule_async_request", "AsyncCallsQueue.maybe_finalize_async_calls",
-           DONE, "PersistentAsyncCaller.close", "PersistentAsyncCaller.async_process_target")
+           DONE, SYNC, "PersistentAsyncCaller.close", "PersistentAsyncCaller.async_process_target")
 
 
-def nvrx_copy(root, version=None, rename=False):
+def nvrx_copy(root, version=None, rename=False, replace=None):
     """A copy of the installed NVRx under ``root``; ``version``: what its metadata says;
     ``rename``: ``is_current_async_call_done`` is ``is_current_async_call_finished``
-    everywhere (its definitions and every call), so that NVRx itself still works."""
+    everywhere (its definitions and every call), so that NVRx itself still works;
+    ``replace``: ``(old, new)``, a text of its ``core.py`` (found once) changed."""
     package = Path(find_spec("nvidia_resiliency_ext").submodule_search_locations[0])
     info = next(f for f in metadata.distribution("nvidia-resiliency-ext").files
                 if f.name == "METADATA").locate().parent
@@ -46,6 +48,11 @@ def nvrx_copy(root, version=None, rename=False):
             if "is_current_async_call_done" in text:
                 path.write_text(text.replace("is_current_async_call_done",
                                              "is_current_async_call_finished"))
+    if replace:
+        core = root / package.name / "checkpointing" / "async_ckpt" / "core.py"
+        text = core.read_text()
+        assert text.count(replace[0]) == 1, replace[0]
+        core.write_text(text.replace(*replace))
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH"))
                                           if p)}
 
@@ -58,6 +65,17 @@ def newer(tmp_path_factory):
 @pytest.fixture(scope="module")
 def renamed(tmp_path_factory):
     return nvrx_copy(tmp_path_factory.mktemp("nvrx-renamed"), rename=True)
+
+
+#: NVRx's finalize collective (``sync_all_async_calls``) in another shape than the one the
+#: watch's failure flag rides on: the maximum over ranks, not the sum.
+SUM = "torch.distributed.all_reduce(ten)\n        return ten[0] == 0"
+MAX = "torch.distributed.all_reduce(ten, op=torch.distributed.ReduceOp.MAX)\n        return ten[0] == 0"
+
+
+@pytest.fixture(scope="module")
+def other_collective(tmp_path_factory):
+    return nvrx_copy(tmp_path_factory.mktemp("nvrx-max"), replace=(SUM, MAX))
 
 
 # What a user's `python -c` does, then what status() and doctor say in that process.
@@ -114,6 +132,7 @@ def test_a_newer_nvrx_is_untested_once_and_in_status_and_doctor(newer):
     assert seen["watch_installed"] == list(WATCHED)
     assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 3,  # watch, prewarm,
                              "AsyncCallsQueue.maybe_finalize_async_calls": 1,  # suspend
+                             SYNC: 1,
                              "PersistentAsyncCaller.close": 3,  # watch, clear_on_close, suspend
                              "PersistentAsyncCaller.async_process_target": 1}, seen["depth"]
     assert fixes(seen)["stale_guard"][0] == ("fixed_upstream" if nvrx == "0.7.0" else "active")
@@ -146,7 +165,7 @@ def test_a_renamed_method_drops_the_whole_watch_and_says_so(renamed):
     # only the other fixes' wrappers: clear_on_close's and suspend's close, prewarm's and
     # suspend's schedule
     assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 2,
-                             "AsyncCallsQueue.maybe_finalize_async_calls": 0,
+                             "AsyncCallsQueue.maybe_finalize_async_calls": 0, SYNC: 0,
                              "PersistentAsyncCaller.close": 2,
                              "PersistentAsyncCaller.async_process_target": 0}, seen["depth"]
     assert fixes(seen)["clear_on_close"][0] == fixes(seen)["prewarm"][0] == "active"
@@ -184,7 +203,7 @@ def test_a_lost_optional_target_keeps_the_rest_of_the_fix():
                           "installed": [a for a in {WATCHED!r}
                                         if lifecycle.installed("worker_watch", a)]}}))
     """)
-    assert seen["installed"] == list(WATCHED[:4]), seen
+    assert seen["installed"] == list(WATCHED[:5]), seen
     assert seen["state"] == "unsupported", seen
     assert "async_process_target" in seen["reason"] and "still active" in seen["reason"], seen
     assert len(seen["warnings"]) == 1 and "async_process_target" in seen["warnings"][0], seen
@@ -219,3 +238,25 @@ lines = []""")
     assert fixes(seen)["worker_watch"][0] == "unsupported"
     assert fixes(seen)["clear_on_close"][0] == "error"  # its hook failed; its wrapper stays
     assert seen["depth"]["PersistentAsyncCaller.close"] == 2 and seen["watch_installed"] == []
+
+
+def test_a_changed_collective_drops_the_whole_watch_and_says_so(other_collective):
+    """The watch's failure flag rides on NVRx's finalize all-reduce: where that has another
+    shape, the probe turns the watch off (not a flag that the ranks would read apart)."""
+    seen, err = child(other_collective)
+    assert err.count("RuntimeWarning: nvrx_ipc_fix: worker_watch") == 1, err
+    state, reason = fixes(seen)["worker_watch"]
+    assert state == "unsupported" and "sync_all_async_calls" in reason, reason
+    assert seen["watch_installed"] == []
+    assert fixes(seen)["clear_on_close"][0] == "active"
+
+
+@pytest.mark.worker
+def test_a_changed_collective_is_seen_alike_on_every_rank_which_still_save(
+        other_collective, tmp_path):
+    reports = scenario_ranks("save,save", tmp_path, env=other_collective)
+    for report in reports:
+        assert report["hang"] is None, report["stderr"]
+        assert report["fix"]["worker_watch"] == "unsupported", report["fix"]
+        assert "sync_all_async_calls" in report["stderr"], report["stderr"]
+        assert [s["stale"] for s in report["saves"]] == [0, 0]

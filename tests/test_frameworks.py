@@ -12,6 +12,7 @@ import pytest
 
 from conftest import expect, needs_cache, run_python, scenario
 from test_never_silent import cells, check, run
+from test_wrap_once import COUNTING
 
 pytestmark = needs_cache
 
@@ -64,6 +65,30 @@ FAILED_AT_CLOSE = cells(["close"], ("kill", "raise", "write"))
 @needs_megatron
 def test_a_terminate_that_finalizes_a_failed_save_raises_it_after_closing():
     check(run(FAILED_AT_CLOSE, no_dist=False, prelude=VIA_MEGATRON), FAILED_AT_CLOSE)
+
+
+#: Megatron's own function counted beneath the package's wrappers (``test_wrap_once.py``).
+COUNTED = COUNTING + """
+    import megatron.training.async_utils as _au_counted
+    import megatron.training.training as _training_counted
+    _count(_au_counted, "maybe_finalize_async_save", "terminate")
+    _training_counted.maybe_finalize_async_save = _au_counted.maybe_finalize_async_save
+""" + VIA_MEGATRON + """
+    _s.EXTRA_STEPS["calls"] = _report
+"""
+
+
+@pytest.mark.worker
+@needs_megatron
+def test_a_terminate_that_meets_a_failure_calls_megatron_once():
+    """Wrap, never re-implement: the close after the failed finalize is Megatron's own, in
+    the one call (before: the whole function ran twice)."""
+    report = scenario(["save", "fault-kill-async", "close?#close", "save", "calls#calls"],
+                      prelude=COUNTED)
+    assert report["hang"] is None, report["stderr"]
+    assert report["named"]["close"]["error"]["type"] == "CheckpointWorkerError"
+    assert report["named"]["close"]["workers_after"] == 0
+    assert len(report["named"]["calls"]["calls"]["terminate"]) == 1, report["named"]["calls"]
 
 
 ALIASES = """

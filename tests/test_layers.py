@@ -67,6 +67,39 @@ def test_core_names_no_module_above_it():
     assert wrong == []
 
 
+#: Names of NVRx's and megatron-core's code whose presence or meaning differs between their
+#: versions (and between NVRx's caller and megatron-core's copy).
+SHAPE_NAMES = {
+    "_worker_data_cache", "_cached_identifiers", "_cached_tensor_data_ptrs",
+    "cleanup_tensor_caches", "sigterm_timeout", "warmup_persistent_caller",
+    "_warmup_persistent_caller", "get_instances", "persistent_caller", "_persistent_caller",
+    "_persistent_process", "_persistent_queue", "_persistent_preload_q", "_persistent_comp_q",
+    "preload_q", "comp_q", "cpu_shm_mode", "use_cached_data_structure",
+    "use_cpu_shm_for_gpu_tensors", "cached_tensor_data", "uncached_tensor_data",
+    "consistent_data_identifier", "_ActiveAsyncRequest", "AsyncRequest", "_get_async_caller",
+    "_start_worker", "_results_queue", "WriteItemType", "_replace", "persistent",
+}
+#: The adapter (issue 36), the table (its targets' names and parameters), and what status()
+#: and doctor list of the installed NVRx.
+ADAPTER = {"core/shapes.py", "core/targets.py", "core/detect.py"}
+
+
+def test_only_the_adapter_names_what_differs_between_nvrx_versions():
+    """The fixes, release, prewarm and the after-fork code reach NVRx and megatron-core
+    through ``core/shapes.py``: none of them names (or tests) such an attribute itself."""
+    wrong = []
+    for layer in ("core", "fixes", "features"):
+        for path in modules(layer):
+            if f"{layer}/{path.name}" in ADAPTER:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                name = (node.attr if isinstance(node, ast.Attribute) else node.value
+                        if isinstance(node, ast.Constant) else None)
+                if name in SHAPE_NAMES:
+                    wrong.append(f"{layer}/{path.name}:{node.lineno}: {name}")
+    assert wrong == []
+
+
 def test_the_check_sees_imports():
     """The reader finds relative, absolute and nested imports (else the checks above pass
     on nothing)."""

@@ -162,7 +162,7 @@ def test_a_used_worker_that_dies_is_still_the_watch_s_error(fell_back):
 
 
 EDGES = """
-    import json, os, tempfile, threading, warnings
+    import functools, json, os, tempfile, threading, warnings
     import nvrx_ipc_fix
     from nvrx_ipc_fix.core import config as _config
     out = {}
@@ -204,7 +204,17 @@ EDGES = """
     for t in threads:
         t.join()
     out["threads_started"] = sorted(len(r.started) for r in reports)
+    warm_up, warm_ups = core.AsyncCallsQueue.__dict__["warmup_persistent_caller"], []
+
+    @functools.wraps(warm_up.__func__)
+    def counted(cls, *args, **kwargs):  # NVRx's own warm-up, each call recorded
+        warm_ups.append([list(args), {k: v for k, v in kwargs.items() if k != "rank"},
+                         kwargs.get("rank")])
+        return warm_up.__func__(cls, *args, **kwargs)
+
+    core.AsyncCallsQueue.warmup_persistent_caller = classmethod(counted)
     late = core.AsyncCallsQueue(persistent=True, cpu_shm_mode=True)  # start-up: NVRx's slot
+    out["warm_ups"] = list(warm_ups)
     slot = core.AsyncCallsQueue._warmup_persistent_caller
     out["late_slot"] = slot.process.pid
     out["late_again"] = list(nvrx_ipc_fix.prewarm(late).skipped)
@@ -265,6 +275,13 @@ def test_start_up_prewarm_fills_nvrx_s_warm_up_slot_once(edges):
     assert edges["late_slot"] and edges["warm_up_not_doubled"]
     assert edges["late_again"][0].endswith(
         f"the prewarmed worker in NVRx's warm-up slot (pid {edges['late_slot']}) is starting")
+
+
+def test_start_up_prewarm_is_nvrx_s_own_warm_up_called_once(edges):
+    """Wrap, never re-implement: NVRx's ``warmup_persistent_caller``, with the queue's
+    settings, not a copy of it."""
+    (args, kwargs, rank), = edges["warm_ups"]
+    assert (args[:1] or [rank]) == [0] and kwargs["cpu_shm_mode"] is True, edges["warm_ups"]
 
 
 def test_restart_stops_the_unused_worker_and_prewarms_only_after_a_normal_block(edges):

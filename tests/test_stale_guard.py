@@ -37,9 +37,15 @@ CALLS = """
         return state, planner.finish_plan(plans[0]), planner, W(tempfile.mkdtemp(),
                                                                 use_cached_data_structure=True)
 
+    calls = []  # how often each prepare called NVRx's prepare_write_data
+
     def prepare(writer, plan, planner):
-        guard.prepare_write_data_wrapper(functools.partial(W.prepare_write_data, writer),
-                                         writer, (plan, planner), {})
+        def nvrx(*args, **kwargs):
+            calls[-1] += 1
+            return W.prepare_write_data(writer, *args, **kwargs)
+
+        calls.append(0)
+        guard.prepare_write_data_wrapper(nvrx, writer, (plan, planner), {})
         sent = writer.cached_tensor_data
         return None if sent is None else [t.data_ptr() for t in sent[1]]
 
@@ -111,6 +117,7 @@ CALLS = """
     thread.start()
     thread.join()
     out["thread"] = seen == [current(state)]
+    out["calls"] = sorted(set(calls))
     print(json.dumps(out))
 """
 
@@ -124,6 +131,7 @@ def test_what_nvrx_sends_after_each_change_of_storage():
         "frozen_reused": None, "frozen_replaced": True,
         "raised": "resolve failed", "failing_untouched": True, "after_failure": None,
         "own_kept": True, "late": True, "late_then": None, "thread": True,
+        "calls": [1],  # wrap, never re-implement: NVRx's prepare_write_data, once per call
     }
 
 

@@ -1,7 +1,8 @@
 """The machinery the fixes share, importing nothing above it: the one table of targets
 (``targets``), activation (``lifecycle``, ``hooks``), settings (``config``), what is installed
-(``detect``), ``status``, the wait watch (``monitor``), NVRx's callers and workers as the
-package sees them (``workers``), clean-up, release and prewarm (``cleanup``, ``release``,
+(``detect``), what NVRx's and megatron-core's code looks like (``shapes``, the one adapter),
+``status``, the wait watch (``monitor``), the watch's record of NVRx's callers and workers
+(``workers``), clean-up, release and prewarm (``cleanup``, ``release``,
 ``prewarming``), what runs in NVRx's worker (``worker``), errors, logging, the Ray hook
 (``ray``), and what a child of ``os.fork()`` resets (``fork``, ``inherited``). Importing this
 package imports none of them."""

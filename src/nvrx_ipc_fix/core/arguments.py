@@ -10,13 +10,31 @@ _signatures = {}  # (function, bound?) -> signature: never a bound method, which
 
 def flags(wrapped, args, kwargs, *names):
     """The boolean value of each of ``names`` in this call of ``wrapped``, defaults applied."""
+    bound = _signature(wrapped).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bool(bound.arguments.get(name)) for name in names)
+
+
+def values(wrapped, args, kwargs, *names):
+    """The value of each of ``names`` in this call of ``wrapped`` (passed, not defaulted)."""
+    bound = _signature(wrapped).bind(*args, **kwargs)
+    return tuple(bound.arguments[name] for name in names)
+
+
+def replaced(wrapped, args, kwargs, **values):
+    """``(args, kwargs)`` of this call of ``wrapped`` with ``values`` in place of the arguments
+    of those names, every other argument as it was passed."""
+    bound = _signature(wrapped).bind(*args, **kwargs)
+    bound.arguments.update(values)
+    return bound.args, bound.kwargs
+
+
+def _signature(wrapped):
     key = (getattr(wrapped, "__func__", wrapped), hasattr(wrapped, "__self__"))
     sig = _signatures.get(key)
     if sig is None:
         sig = _signatures[key] = inspect.signature(wrapped)
-    bound = sig.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return tuple(bool(bound.arguments.get(name)) for name in names)
+    return sig
 
 
 _state.on_reset(_signatures.clear)

@@ -13,13 +13,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import fork as _fork, state as _state
+from . import fork as _fork, shapes as _shapes, state as _state
 from .detect import writer_class
 from .log import logger
 
 GIB = float(1 << 30)
-#: Trainer-side caches that must be emptied whenever the worker that holds the data goes away.
-CACHE_ATTRS = ("_cached_identifiers", "_cached_tensor_data_ptrs")
 
 _busy = threading.local()
 #: Called whenever the caches are emptied: whoever keeps records of what was sent drops them.
@@ -84,24 +82,14 @@ def device_free_bytes() -> int | None:
 def cached_key_count() -> int:
     """How many cache keys the trainer believes the worker holds."""
     writer = writer_class()
-    ids = getattr(writer, "_cached_identifiers", None) if writer is not None else None
-    try:
-        return len(ids) if ids is not None else 0
-    except TypeError:
-        return 0
+    return _shapes.cached_key_count(writer) if writer is not None else 0
 
 
 def forget_keys() -> None:
     """Empty the writer's caches (in place): the next save sends full tensors."""
     writer = writer_class()
     if writer is not None:
-        cleanup = getattr(writer, "cleanup_tensor_caches", None)
-        if callable(cleanup):
-            cleanup()
-        for name in CACHE_ATTRS:  # the fallback for NVRx without cleanup_tensor_caches
-            cache = getattr(writer, name, None)
-            if cache:
-                cache.clear()
+        _shapes.forget_writer_keys(writer)
     for forget in on_forget:  # records kept of what was sent (stale_guard's)
         forget()
 

@@ -28,7 +28,7 @@ does not change what Python does to them.
 
 import sys
 
-from . import fork
+from . import fork, shapes as _shapes
 from .detect import CORE, FS
 from .targets import MCORE_ASYNC
 
@@ -64,59 +64,42 @@ def _leave(processes):
 
 def _results_manager():
     """The process of NVRx's results-queue manager; the child makes its own."""
-    results = getattr(sys.modules.get(FS), "_results_queue", None)
-    if results is None:
-        return None
-    _kept.append(results)
-    sys.modules[FS]._results_queue = None
-    return getattr(getattr(results, "_manager", None), "_process", None)
+    results, process = _shapes.results_manager(sys.modules.get(FS))
+    if results is not None:
+        _kept.append(results)
+    return process
 
 
 def _nvrx(core):
     """The processes of NVRx's queues and of its warm-up slot, detached from them."""
-    queue_class = getattr(core, "AsyncCallsQueue", None)
-    if queue_class is None:
+    if getattr(core, "AsyncCallsQueue", None) is None:
         return []
     callers = []
-    for queue in getattr(queue_class, "get_instances", list)():
-        pending = list(getattr(queue, "async_calls", ()))
-        callers += [vars(queue).get("persistent_caller")] + [entry[1] for entry in pending]
+    for queue in _shapes.live_queues(core):
+        caller, pending = _shapes.caller_of(queue), list(getattr(queue, "async_calls", ()))
+        callers += [caller] + [entry[1] for entry in pending]
         _kept.append(pending)
         if pending:
             queue.async_calls.clear()
-        if vars(queue).get("persistent_caller") is not None:
-            queue.persistent_caller = None
-    callers.append(vars(queue_class).get("_warmup_persistent_caller"))
-    if callers[-1] is not None:
-        queue_class._warmup_persistent_caller = None
+        if caller is not None:
+            _shapes.detach_caller(queue, caller)
+    callers.append(_shapes.warm_slot(core))
+    _shapes.empty_slot(core)
     return [_forget(caller) for caller in callers if caller is not None]
 
 
 def _mcore(module):
     """megatron-core's worker (on its classes) and the caller that holds it, detached."""
-    caller_class = getattr(module, "PersistentAsyncCaller", None)
-    queue_class = getattr(module, "AsyncCallsQueue", None)
-    if caller_class is None or queue_class is None:
-        return []
-    processes = [vars(caller_class).get("_persistent_process")]
-    for name in ("_persistent_process", "_persistent_queue", "_persistent_preload_q",
-                 "_persistent_comp_q"):
-        if vars(caller_class).get(name) is not None:
-            _kept.append(getattr(caller_class, name))
-            setattr(caller_class, name, None)
-    caller = vars(queue_class).get("_persistent_caller")
-    if caller is not None:
-        processes.append(_forget(caller))
-        queue_class._persistent_caller = None
-    return processes
+    process, held, caller = _shapes.detach_class_worker(module)
+    _kept.extend(held)
+    return [process] + ([_forget(caller)] if caller is not None else [])
 
 
 def _forget(caller):
     """The caller's process, which the caller no longer has (its close does nothing)."""
     _kept.append(caller)
     process = getattr(caller, "process", None)
-    if process is not None:
-        caller.process = None
+    _shapes.detach_worker(caller, process)
     return process
 
 

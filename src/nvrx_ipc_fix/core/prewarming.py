@@ -39,7 +39,6 @@ WARNING; the save then pins as usual.
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
 import sys
 import threading
@@ -50,13 +49,11 @@ from dataclasses import dataclass
 from queue import Empty
 
 from . import cleanup as _cleanup, config as _config, fork as _fork, monitor as _monitor
-from . import standby as _standby, state as _state, workers as _workers
+from . import shapes as _shapes, standby as _standby, state as _state, workers as _workers
 from .detect import CORE
 from .log import logger
 from .worker import WORKER_IMPORTS, take_file, warm_up
 
-#: The queue's settings that NVRx's warm-up takes too.
-SETTINGS = ("is_daemon", "cpu_priority", "io_priority", "sigterm_timeout", "cpu_shm_mode")
 
 
 @dataclass(frozen=True)
@@ -131,7 +128,7 @@ def start(queue=None, began=None):
     if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
         raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
                         f"{type(queue).__name__}")
-    queues = [queue] if queue is not None else core.AsyncCallsQueue.get_instances()
+    queues = [queue] if queue is not None else _shapes.live_queues(core)
     return start_for(queues, core, began)
 
 
@@ -208,7 +205,7 @@ def idle(queue) -> bool:
     caller = _serving(queue, core) if core is not None else None
     if caller is None:
         return False
-    return caller in _starts or (caller is not getattr(queue, "persistent_caller", None)
+    return caller in _starts or (caller is not _shapes.caller_of(queue)
                                  and _alive(caller.process))
 
 
@@ -242,9 +239,8 @@ def unavailable(core):
     if core is None or not hasattr(core, "AsyncCallsQueue"):
         return "NVRx is not imported"
     from ..core.lifecycle import installed
-    from ..core.targets import warm_up
 
-    state, reason = warm_up(core)  # the target table's check of this NVRx
+    state, reason = _shapes.warm_up(core)  # the target table's check of this NVRx
     if state != "active":
         return reason
     if not installed("prewarm", "AsyncCallsQueue.schedule_async_request"):
@@ -254,9 +250,9 @@ def unavailable(core):
 
 def _serving(queue, core):
     """The caller that will take ``queue``'s next save: its own, else NVRx's warm-up slot."""
-    caller = getattr(queue, "persistent_caller", None)
-    if caller is None and getattr(queue, "persistent", False):
-        caller = getattr(core.AsyncCallsQueue, "_warmup_persistent_caller", None)
+    caller = _shapes.caller_of(queue)
+    if caller is None and _shapes.is_persistent(queue):
+        caller = _shapes.warm_slot(core)
     return caller
 
 
@@ -267,7 +263,7 @@ def _alive(process):
 
 def _blocked(queue, core, rank):
     """Why ``queue`` gets no worker now, or None (a dead unused worker is let go on the way)."""
-    if not getattr(queue, "persistent", False):
+    if not _shapes.is_persistent(queue):
         return "not persistent (NVRx starts a process for each save)"
     if queue in _scheduling:
         return "a save is being scheduled on it (that starts the worker)"
@@ -277,7 +273,7 @@ def _blocked(queue, core, rank):
     caller = _serving(queue, core)
     process = getattr(caller, "process", None)
     start = _starts.get(caller) if caller is not None else None
-    own = caller is queue.persistent_caller
+    own = caller is _shapes.caller_of(queue)
     if start is not None:
         if start.error is None and _alive(process):
             state = "ready" if start.ready_s is not None else "starting"
@@ -304,27 +300,21 @@ def _blocked(queue, core, rank):
 def _start(queue, core, rank, slot):
     """Start ``queue``'s worker and the thread that waits for its answer; its ``_Start``. The
     worker goes to the queue's caller (NVRx makes one as for a save), or with ``slot`` and
-    no caller yet to NVRx's warm-up slot, as ``warmup_persistent_caller`` does."""
+    no caller yet to NVRx's warm-up slot, by NVRx's own ``warmup_persistent_caller``."""
     global _exit_pid
-    caller = queue.persistent_caller
+    caller = _shapes.caller_of(queue)
     slot = slot and caller is None
     try:
-        if slot:
-            params = inspect.signature(core.PersistentAsyncCaller).parameters
-            caller = core.PersistentAsyncCaller(**{
-                name: getattr(queue, name) for name in SETTINGS
-                if name in params and hasattr(queue, name)})
-        elif caller is None:
-            caller = queue._get_async_caller()
         with _standby.starting(core) as standby:  # forked from the standby, if it serves
-            caller._start_worker(rank)
-        caller.rank = rank
-        if slot:
-            core.AsyncCallsQueue._warmup_persistent_caller = caller
+            if slot:  # interrupted, NVRx's own caller is collected, and closes its worker
+                caller = _shapes.warm_up_into_slot(core, queue, rank)
+            else:
+                caller = _shapes.caller_for(queue)
+                _shapes.start_worker(caller, rank)
         _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
         sizes = _sizes.get(queue, ()) if _config.pin_ahead() and not slot else ()
-        caller.queue.put(core.AsyncRequest(warm_up, (list(WORKER_IMPORTS), sizes, standby),
-                                           [], call_idx=_workers.SENTINEL))
+        _shapes.worker_queues(caller)[0].put(_shapes.request(
+            core, warm_up, (list(WORKER_IMPORTS), sizes, standby), _workers.SENTINEL))
         start = _starts[caller] = _Start(caller.process, sum(sizes), standby)
         start.thread = threading.Thread(target=_await_ready, args=(caller, start),
                                         name="nvrx_ipc_fix-prewarm", daemon=True)
@@ -342,13 +332,13 @@ def _start(queue, core, rank, slot):
 
 def _await_ready(caller, start):
     """The thread: read the worker's answer, or see it die first."""
-    process = start.process
+    process, completions = start.process, _shapes.worker_queues(caller)[2]
     try:
         with _monitor.watching(f"the start of the prewarmed checkpoint worker (pid "
                                f"{process.pid})", lambda: process):
             while not start.cancelled:
                 try:
-                    item = caller.comp_q.get(timeout=0.2)
+                    item = completions.get(timeout=0.2)
                 except Empty:
                     if process.exitcode is not None:
                         code = _monitor.exitcode(process, settle=0.5)
@@ -449,12 +439,10 @@ def _let_go(queue, caller, start):
         thread.join()  # it sees the cancel within 0.2 s
     _workers.abandon(caller)  # closes its queues, reaps it, empties the trainer's caches
     take_file(getattr(process, "pid", None), "pinned")  # if it pinned before it went
-    queues = sys.modules[CORE].AsyncCallsQueue
-    for owner in [queue] if queue is not None else queues.get_instances():
-        if getattr(owner, "persistent_caller", None) is caller:  # its next save starts afresh
-            owner.persistent_caller = None
-    if getattr(queues, "_warmup_persistent_caller", None) is caller:
-        queues._warmup_persistent_caller = None
+    core = sys.modules[CORE]
+    for owner in [queue] if queue is not None else _shapes.live_queues(core):
+        _shapes.detach_caller(owner, caller)  # its next save starts afresh
+    _shapes.empty_slot(core, caller)
 
 
 def _at_exit():

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from queue import Empty
 
 from . import cleanup as _cleanup, config as _config, prewarming as _prewarm
-from . import standby as _standby, state as _state, suspend as _suspend, workers as _workers
+from . import shapes as _shapes, standby as _standby, state as _state, suspend as _suspend
+from . import workers as _workers
 from .detect import CORE
 from .errors import STOP, add_note
 from .log import logger
@@ -92,7 +93,7 @@ def releasing() -> bool:
 
 def holds_ipc(queue) -> bool:
     """Can this queue's worker hold CUDA IPC mappings (not CPU shared memory)?"""
-    return not getattr(queue, "cpu_shm_mode", False) or queue in _ipc_anyway
+    return _shapes.holds_ipc(queue) or queue in _ipc_anyway
 
 
 def treat_as_ipc(queue):
@@ -102,7 +103,7 @@ def treat_as_ipc(queue):
 
 def has_live_worker(queue) -> bool:
     """Is this queue's persistent worker running?"""
-    worker = getattr(getattr(queue, "persistent_caller", None), "process", None)
+    worker = _workers.process_of(_shapes.caller_of(queue))
     return worker is not None and worker.is_alive()
 
 
@@ -162,16 +163,16 @@ def _release(queue, strategy, timeout, held):
     start = time.perf_counter()
     free_before = _cleanup.device_free_bytes()
     core = sys.modules.get(CORE)
-    caller_class = getattr(core, "PersistentAsyncCaller", None)  # None while being imported
-    if caller_class is None or not hasattr(caller_class, "_worker_data_cache"):
-        why = "NVRx is not imported" if caller_class is None else "this NVRx has no worker cache"
+    trainer_cache = _shapes.worker_data_cache(core)  # the sync path's
+    if trainer_cache is None:
+        why = ("NVRx is not imported" if _shapes.worker_cache(core) is None else
+               "this NVRx has no worker cache")
         return ReleaseReport(strategy, 0, time.perf_counter() - start, 0, False, False, 0,
                              (f"all: {why}",))
     if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
         raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
                         f"{type(queue).__name__}")
-    queues = [queue] if queue is not None else core.AsyncCallsQueue.get_instances()
-    trainer_cache = caller_class._worker_data_cache  # the sync path's
+    queues = [queue] if queue is not None else _shapes.live_queues(core)
     keys = _cleanup.cached_key_count() + len(trainer_cache)
     skipped, errors, released, kept, terminated, suspended = [], [], 0, False, False, False
     why = _suspend.unavailable() if strategy == "suspend" else None
@@ -228,7 +229,7 @@ def _release(queue, strategy, timeout, held):
                 held.append(failure)
                 error = f"the request to the worker failed ({type(failure).__name__})"
             if not error and strategy == "suspend":
-                error = _suspend.suspend(q, q.persistent_caller, timeout, held)
+                error = _suspend.suspend(q, _shapes.caller_of(q), timeout, held)
                 suspended = suspended or not error
             if error:
                 errors.append(f"{label}: {error}")
@@ -273,7 +274,7 @@ def onload(strategy, queue=None):
     elif strategy == "suspend":
         core = sys.modules.get(CORE)
         queues = ([queue] if queue is not None else
-                  core.AsyncCallsQueue.get_instances() if core is not None else [])
+                  _shapes.live_queues(core) if core is not None else [])
         for q in queues:
             if _suspend.ended(q):
                 _prewarm.start(q)
@@ -288,12 +289,13 @@ def run_in_worker(queue, function, args, timeout):
     an interrupt here), the worker's state is unknown and a late answer could be taken for
     a save's: the worker is aborted (or, dead, let go) and the next save starts a fresh one.
     """
-    caller = queue.persistent_caller
-    core = sys.modules[type(caller).__module__]
+    caller = _shapes.caller_of(queue)
+    requests, _, completions = _shapes.worker_queues(caller)
     answered = False
     try:
-        caller.queue.put(core.AsyncRequest(function, tuple(args), [], call_idx=_workers.SENTINEL))
-        error, answered = _answer(caller, _workers.process_of(caller), timeout)
+        requests.put(_shapes.request(sys.modules[type(caller).__module__], function, args,
+                                     _workers.SENTINEL))
+        error, answered = _answer(completions, _workers.process_of(caller), timeout)
         return error
     finally:
         if not answered:
@@ -305,15 +307,16 @@ def run_in_worker(queue, function, args, timeout):
                 _workers.forget_caller(queue, caller)
 
 
-def _answer(caller, process, timeout):
-    """Wait for the worker's answer to our request: ``(error or None, answered)``."""
+def _answer(completions, process, timeout):
+    """Wait for the worker's answer to our request on its ``completions`` queue: ``(error or
+    None, answered)``."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return f"the worker did not answer within {timeout:g} s and was terminated", False
         try:
-            done = caller.comp_q.get(timeout=min(left, 0.2))
+            done = completions.get(timeout=min(left, 0.2))
         except Empty:
             if process is not None and process.exitcode is not None:
                 return f"the worker died ({_workers.describe_exit(process.exitcode)})", False

@@ -3,12 +3,13 @@
 Each target names a module, a dotted attribute inside it, its wrapt-style wrapper
 (``module:function`` in this package, imported only when the target is patched), the
 leading parameters the original must have, and a probe that decides, once the module is
-imported, whether the fix applies. Only standard-library names are imported here.
+imported, whether the fix applies (``shapes``: what NVRx's and megatron-core's code has).
+Only standard-library names are imported here.
 """
 
-import sys
-
-from .detect import CORE, FS, NVRX_DIST, distribution_version, release_has_cache
+from .detect import CORE, FS, distribution_version
+from .shapes import (mcore_persistent_worker, nvrx_worker_cache, persistent_worker, warm_up,
+                     worker_cache, worker_loop, writer_cache)
 
 #: Fix name -> what it does, in one line.
 FIXES = {
@@ -27,22 +28,6 @@ FIXES = {
     "suspend": "a worker the suspend strategy keeps with nothing on the device is resumed "
                "before it is given a save or closed (without it, the release restarts instead)",
 }
-
-
-def nvrx_worker_cache(_module):
-    """Megatron/Bridge targets: does the installed NVRx cache IPC handles?
-
-    Needs no Megatron module, so ``status()`` asks it for pending targets too.
-    """
-    core = sys.modules.get(CORE)
-    if core is not None:
-        return worker_cache(core)
-    version = distribution_version(NVRX_DIST)
-    if version is None:
-        return "not_applicable", "nvidia-resiliency-ext is not installed"
-    if release_has_cache(version) is False:
-        return "not_applicable", f"NVRx {version} has no IPC tensor cache (added in 0.6.0)"
-    return "active", f"NVRx {version} may cache IPC handles in its worker"
 
 
 def framework_queue(dist):
@@ -65,109 +50,6 @@ def release_policy(module):
     if release_policy() == "never":
         return "disabled", f"{RELEASE}=never"
     return nvrx_worker_cache(module)
-
-
-def worker_cache(core):
-    """NVRx core: does the persistent worker keep a data cache?"""
-    caller = getattr(core, "PersistentAsyncCaller", None)
-    if caller is None:
-        if core is None or _initializing(core):
-            return None  # decided once the module is imported
-        return "not_applicable", "this NVRx has no persistent worker"
-    if hasattr(caller, "_worker_data_cache"):
-        return "active", "NVRx caches tensors in its persistent worker"
-    return "not_applicable", ("this NVRx has no worker cache "
-                              "(no PersistentAsyncCaller._worker_data_cache)")
-
-
-def writer_cache(fs):
-    """NVRx filesystem_async: is the IPC cache there, and does it check data pointers?"""
-    writer = getattr(fs, "FileSystemWriterAsync", None)
-    if writer is None:
-        if fs is None or _initializing(fs):
-            return None  # decided once the module is imported
-        return "not_applicable", "this NVRx has no FileSystemWriterAsync"
-    if "_cached_identifiers" not in vars(writer):
-        return "not_applicable", ("this NVRx has no IPC tensor cache "
-                                  "(no FileSystemWriterAsync._cached_identifiers)")
-    if hasattr(writer, "_cached_tensor_data_ptrs"):
-        return "fixed_upstream", "NVRx re-sends when data pointers change (NVRx PR #314)"
-    if not hasattr(fs, "_compute_data_structure_key_from_plan"):
-        return "unsupported", "filesystem_async has no _compute_data_structure_key_from_plan"
-    return "active", "NVRx caches IPC handles without checking the storage"
-
-
-def persistent_worker(module):
-    """NVRx core or megatron-core async_utils: is there a persistent worker we can watch?"""
-    if module is None:
-        return None
-    caller = getattr(module, "PersistentAsyncCaller", None)
-    if caller is None or not hasattr(module, "AsyncCallsQueue"):
-        return "not_applicable", "this version has no persistent checkpoint worker"
-    if _upstream_error(module):  # Megatron-LM PR #6971
-        return "fixed_upstream", ("this version raises its own PersistentAsyncWorkerError for "
-                                  "a dead worker (Megatron-LM PR #6971)")
-    from .workers import queue_names
-
-    if queue_names(caller) is None:
-        return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
-    if not hasattr(module, "_ActiveAsyncRequest"):
-        return "unsupported", "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize"
-    return "active", ("a dead persistent worker is one error per rank, raised by the finalize of "
-                      "the failed save; stalls are logged")
-
-
-def _upstream_error(module):
-    """Does ``module`` define its own ``PersistentAsyncWorkerError`` (not this package's)?"""
-    found = vars(module).get("PersistentAsyncWorkerError")
-    return found is not None and getattr(found, "__module__", "") != f"{__package__}.errors"
-
-
-def warm_up(module):
-    """NVRx core: can its worker be started ahead of a save, as NVRx's own warm-up does?"""
-    if module is None:
-        return None
-    queue = getattr(module, "AsyncCallsQueue", None)
-    caller = getattr(module, "PersistentAsyncCaller", None)
-    if (queue is None or caller is None or not hasattr(queue, "warmup_persistent_caller")
-            or "_start_worker" not in vars(caller)):
-        return "not_applicable", ("this NVRx starts its worker only inside a save (no "
-                                  "AsyncCallsQueue.warmup_persistent_caller)")
-    from .workers import queue_names
-
-    if queue_names(caller) != ("queue", "preload_q", "comp_q"):
-        return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
-    return "active", "prewarm() can start the worker ahead of its save"
-
-
-def mcore_persistent_worker(module):
-    """megatron-core: as ``persistent_worker``; without megatron-core, not applicable."""
-    if module is None and distribution_version("megatron-core") is None:
-        return "not_applicable", "megatron-core is not installed"
-    return persistent_worker(module)
-
-
-def worker_loop(module):
-    """NVRx core: does the worker call ``async_process_target`` by name, never as the
-    process target that NVRx pickles (the code that starts the worker does not name it)?"""
-    watched = persistent_worker(module)
-    if watched is None or watched[0] != "active":
-        return watched  # the rest of the watch stands aside: so does this part
-    caller = module.PersistentAsyncCaller
-    if "async_process_target" not in vars(caller):
-        return "not_applicable", ("no PersistentAsyncCaller.async_process_target: the worker's "
-                                  "traceback stays on stderr")
-    starters = [vars(caller).get(name) for name in ("_start_worker", "schedule_async_call")]
-    codes = [getattr(f, "__code__", None) for f in starters if f is not None]
-    if not codes or any(code is None or "async_process_target" in code.co_names
-                        for code in codes):
-        return "unsupported", "async_process_target may be the worker's Process target (pickled)"
-    return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
-
-
-def _initializing(module):
-    """Is ``module`` still executing (imported in another thread, say)?"""
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 class Target:
@@ -217,6 +99,8 @@ def _watch(fix, module, applies):
                wrapper("finalize_wrapper"), ("self", "blocking", "no_dist"), applies),
         Target(fix, module, "PersistentAsyncCaller.is_current_async_call_done",
                wrapper("done_wrapper"), ("self", "blocking", "no_dist"), applies),
+        Target(fix, module, "AsyncCaller.sync_all_async_calls", wrapper("sync_wrapper"),
+               ("self", "is_alive"), applies),
         Target(fix, module, "PersistentAsyncCaller.close", wrapper("close_wrapper"), ("self",),
                applies),
         Target(fix, module, "AsyncCallsQueue.close", wrapper("queue_close_wrapper"), ("self",),

@@ -16,6 +16,7 @@ import time
 
 from . import state as _state
 from .detect import CORE, FS
+from .shapes import worker_data_cache
 
 #: What a prewarmed worker imports before it says it is ready: what a save's request makes
 #: it unpickle (NVRx's writer). A stand-in for the device adds its tensor class's module.
@@ -76,7 +77,7 @@ def read_traceback(pid):
 
 def drop_cache():
     """Drop every cached tensor, so the worker releases its CUDA IPC mappings."""
-    cache = sys.modules[CORE].PersistentAsyncCaller._worker_data_cache
+    cache = worker_data_cache(sys.modules[CORE])
     cache.clear()
     gc.collect()
     torch = sys.modules.get("torch")
@@ -156,7 +157,7 @@ def describe_cache(path):
     """Write what the worker holds to ``path`` as JSON: pid, cached keys, mapped
     shared-memory segments (the CPU stand-in's equivalent of IPC mappings), and the
     bytes of CUDA memory the worker has opened from other processes (None without CUDA)."""
-    cache = sys.modules[CORE].PersistentAsyncCaller._worker_data_cache
+    cache = worker_data_cache(sys.modules[CORE])
     with open("/proc/self/maps") as maps:
         shm = {line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
                for line in maps if "/dev/shm/" in line or "torch_" in line}

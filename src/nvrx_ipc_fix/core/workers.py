@@ -1,7 +1,7 @@
 """What the package knows of NVRx's (and megatron-core's) persistent callers and their workers:
-how to reach a caller's worker and queues in either implementation, the watch's record of
-each caller (its outstanding and failed saves, how its worker died), how to let a dead
-worker go, and each queue's finalize mode. Shared by the worker watch, ``release()`` and
+the watch's record of each caller (its outstanding and failed saves, how its worker died),
+how to let a dead worker go (reached in either implementation through ``shapes``), and each
+queue's finalize mode. Shared by the worker watch, ``release()`` and
 prewarm; at exit, workers nobody closed are told to stop (``at_exit``); in a forked child the
 parent's are forgotten.
 """
@@ -15,7 +15,8 @@ import threading
 import weakref
 from queue import Empty
 
-from . import cleanup as _cleanup, fork as _fork, inherited, monitor as _monitor, state as _state
+from . import cleanup as _cleanup, fork as _fork, inherited, monitor as _monitor
+from . import shapes as _shapes, state as _state
 from .detect import CORE
 
 #: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
@@ -93,13 +94,7 @@ def at_exit():
         forget_process(caller, process)
 
 
-# -- the two implementations: NVRx's caller and megatron-core's ----------------------------
-
-def caller_of(queue):
-    """The queue's persistent caller (NVRx: per queue; megatron-core: per process)."""
-    return getattr(queue, "persistent_caller", None) or getattr(queue, "_persistent_caller",
-                                                                 None)
-
+# -- the two implementations (``shapes``), as the watch sees them -------------------------------
 
 def process_of(caller):
     """The caller's worker process (None for one whose worker was let go)."""
@@ -113,24 +108,7 @@ def queues_of(caller):
     whose worker was let go)."""
     if caller is None or caller in _abandoned:
         return None, None, None
-    if hasattr(caller, "preload_q"):
-        return caller.queue, caller.preload_q, caller.comp_q
-    cls = type(caller)  # megatron-core: on the class, while its worker is this caller's
-    if caller.process is None or getattr(cls, "_persistent_process", None) is not caller.process:
-        return None, None, None
-    return cls._persistent_queue, cls._persistent_preload_q, cls._persistent_comp_q
-
-
-def queue_names(caller_class):
-    """The caller's queue attributes, or None if this caller keeps them elsewhere."""
-    init = getattr(caller_class, "__init__", None)
-    names = getattr(getattr(init, "__code__", None), "co_names", ())
-    if {"queue", "preload_q", "comp_q", "process"} <= set(names):
-        return "queue", "preload_q", "comp_q"
-    mcore = ("_persistent_queue", "_persistent_preload_q", "_persistent_comp_q")
-    if all(hasattr(caller_class, name) for name in mcore):
-        return mcore
-    return None
+    return _shapes.worker_queues(caller)
 
 
 def dead(process):
@@ -191,14 +169,7 @@ def abandon(caller):
 def forget_process(caller, process):
     """The caller no longer has a worker (its close does nothing)."""
     _abandoned.add(caller)
-    cls = type(caller)
-    if process is not None and getattr(cls, "_persistent_process", None) is process:
-        cls._persistent_process = cls._persistent_queue = None  # megatron-core: on the class
-        cls._persistent_preload_q = cls._persistent_comp_q = None
-    try:
-        caller.process = None
-    except Exception:
-        pass
+    _shapes.detach_worker(caller, process)
 
 
 def abandoned(caller):
@@ -208,11 +179,7 @@ def abandoned(caller):
 
 def forget_caller(queue, caller):
     """The queue starts a fresh caller (and worker) at its next save."""
-    if "persistent_caller" in vars(queue) and queue.persistent_caller is caller:
-        queue.persistent_caller = None
-    for cls in type(queue).__mro__:  # megatron-core: one caller per process, on the class
-        if vars(cls).get("_persistent_caller") is caller:
-            cls._persistent_caller = None
+    _shapes.detach_caller(queue, caller)
 
 
 def release_join(joinable):

@@ -8,6 +8,7 @@ import sys
 import time
 
 from ..core import cleanup as _cleanup, config as _config, prewarming as _prewarming
+from ..core import shapes as _shapes
 from ..core.detect import CORE
 from ..core.log import hook_failed, logger
 
@@ -19,7 +20,7 @@ def init_wrapper(wrapped, queue, args, kwargs):
     calls ``warmup_persistent_caller`` next (Megatron does) then finds it there."""
     wrapped(*args, **kwargs)
     try:
-        if getattr(queue, "persistent", False) and _config.prewarm_at_start():
+        if _shapes.is_persistent(queue) and _config.prewarm_at_start():
             core = sys.modules[CORE]
             why = _prewarming.unavailable(core)
             report = (_prewarming.PrewarmReport((), (f"all: {why}",)) if why is not None else

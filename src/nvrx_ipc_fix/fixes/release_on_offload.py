@@ -24,7 +24,7 @@ under ``suspend`` and ``restart``: the GPU is not handed to inference there.
 
 import sys
 
-from ..core import config as _config
+from ..core import config as _config, shapes as _shapes
 from ..core.arguments import flags
 from ..core.detect import CORE
 from ..core.errors import deliver
@@ -104,11 +104,11 @@ def release_if_needed(strategy=None):
     from ..core.release import has_live_worker, holds_ipc, released, saved_since_release
     from ..core.suspend import suspended
 
-    queues = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)  # None while importing
-    if queues is None:
+    core = sys.modules.get(CORE)
+    if getattr(core, "AsyncCallsQueue", None) is None:  # not imported, or being imported
         return None
     strategy = _config.auto_strategy() if strategy is None else strategy
-    for queue in queues.get_instances():
+    for queue in _shapes.live_queues(core):
         if not holds_ipc(queue):
             continue
         live = has_live_worker(queue) and not suspended(queue)

@@ -4,14 +4,16 @@ NVRx 0.6.0 keys its worker cache on the plan's structure only. After the model's
 is replaced (``model.to("cpu")`` and back, optimizer offload) the worker keeps reading the
 old storage and every later checkpoint silently holds old values. This is a backport of
 NVRx PR #314 (in 0.7.0): compare the storage of each cached GPU tensor with what was sent
-and, if any differs, invalidate the key so that NVRx sends the tensors again. Storages are
-compared by weak reference and data pointer, so a new allocation at a recycled address, and
-a storage resized in place, are still seen as new.
+and, if any differs, send the tensors again. Storages are compared by weak reference and
+data pointer, so a new allocation at a recycled address, and a storage resized in place, are
+still seen as new.
 
 The check costs next to nothing on an ordinary save: NVRx resolves every tensor of the plan
 even when it reuses the cache, and the guard looks at the tensors as NVRx resolves them and
-takes the key NVRx computed, instead of doing either again. Only the save after a move runs
-``prepare_write_data`` twice (the first result is dropped).
+takes the key NVRx computed, instead of doing either again. NVRx's ``prepare_write_data`` is
+called once: where it chose to reuse the worker's cache and the storage moved, the guard
+completes the send NVRx would have made (``_send``: the tensors NVRx resolved and did not
+send uncached), as PR #314 does inside NVRx; the worker replaces its entry for the key.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import sys
 import weakref
 
+from ..core import shapes as _shapes
 from ..core.cleanup import forget_keys, on_forget
 from ..core.detect import FS
 from ..core.log import hook_failed
@@ -42,9 +45,8 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     """Around ``FileSystemWriterAsync.prepare_write_data(plan, planner)``."""
     try:
         plan, planner = _plan_and_planner(*args, **kwargs)
-        guarded = instance.use_cached_data_structure and not getattr(
-            instance, "use_cpu_shm_for_gpu_tensors", False)
-        byte_io = sys.modules[FS].WriteItemType.BYTE_IO
+        guarded = _shapes.caches_ipc(instance)
+        byte_io = _shapes.byte_io(sys.modules[FS])
     except Exception as exc:
         hook_failed(PREPARE_TARGET, exc)
         guarded = False
@@ -57,12 +59,11 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     finally:
         restore()
     try:
-        again = _reused_but_moved(instance, plan, planner, resolved)
-    except Exception as exc:  # unknown whether it moved: send again, never a stale save
+        if _reused_but_moved(instance, plan, planner, resolved):
+            _send(instance, plan, planner, resolved)
+    except Exception as exc:  # unknown whether it moved: send, never a stale save
         hook_failed(PREPARE_TARGET, exc)
-        again = _resend_if_reused(instance)
-    if again:  # the key is gone: NVRx now sends the tensors (its errors are its own)
-        result = wrapped(*args, **kwargs)
+        _send_if_reused(instance, plan, planner, resolved)
     try:
         _record_sent(instance, plan)
     except Exception as exc:
@@ -75,7 +76,7 @@ def _plan_and_planner(plan, planner, *_args, **_kwargs):
 
 
 def _tensor_items(plan) -> list:
-    byte_io = sys.modules[FS].WriteItemType.BYTE_IO
+    byte_io = _shapes.byte_io(sys.modules[FS])
     return [item for item in plan.items if item.type != byte_io]
 
 
@@ -110,36 +111,46 @@ def _record_resolved(planner, byte_io, out):
 
 
 def _reused_but_moved(instance, plan, planner, resolved) -> bool:
-    """NVRx reused the worker's cache: is it stale? If so, drop the key (True)."""
-    identifier = getattr(instance, "consistent_data_identifier", None)
-    if identifier is None or getattr(instance, "cached_tensor_data", None) is not None:
+    """NVRx reused the worker's cache: is it stale (or unknown: activated after the first
+    save)?"""
+    if not _shapes.reused(instance):
         return False  # NVRx sent the tensors, or cached nothing
-    key = identifier.key
-    record = _sent.get(key)
-    if record is not None:
-        count, cached = record
-        if len(resolved) != count:  # not seen as NVRx resolved them: resolve them here
-            resolved = [planner.resolve_data(item) for item in _tensor_items(plan)]
-        if not _moved(cached, resolved):
-            return False
-    # Unknown (activated after the first save) or moved: make NVRx send the tensors again.
-    _sent.pop(key, None)
-    _discard(sys.modules[FS].FileSystemWriterAsync._cached_identifiers, key)
-    return True
+    record = _sent.get(_shapes.cache_key(instance))
+    if record is None:
+        return True
+    count, cached = record
+    return _moved(cached, _resolved(plan, planner, resolved, count))
 
 
-def _resend_if_reused(instance) -> bool:
-    """After a failed check: if NVRx reused the worker's cache, forget every key, so that
-    NVRx sends the tensors (True). Each save the check cannot decide is sent whole."""
+def _resolved(plan, planner, resolved, count=None):
+    """The plan's tensors as NVRx resolved them; resolved here if they were not seen so
+    (a planner that takes no attribute)."""
+    if len(resolved) != (len(_tensor_items(plan)) if count is None else count):
+        return [planner.resolve_data(item) for item in _tensor_items(plan)]
+    return resolved
+
+
+def _send(instance, plan, planner, resolved) -> None:
+    """Complete the send NVRx makes when the worker caches nothing under the key: the
+    tensors it resolved for this save and did not send uncached (its own partition)."""
+    items = _tensor_items(plan)
+    uncached = {id(item) for item in _shapes.sent_uncached(instance)}
+    kept = [(item, data.detach()) for item, data in zip(items, _resolved(plan, planner,
+                                                                          resolved))
+            if id(item) not in uncached]
+    _shapes.send(instance, [item for item, _ in kept], [data for _, data in kept])
+
+
+def _send_if_reused(instance, plan, planner, resolved) -> None:
+    """After a failed check: if NVRx reused the worker's cache, send the tensors (each save
+    the check cannot decide is sent whole). Where that fails too, the save is NVRx's own
+    and the keys are forgotten, so that the next one sends everything."""
     try:
-        reused = (getattr(instance, "consistent_data_identifier", None) is not None
-                  and getattr(instance, "cached_tensor_data", None) is None)
-        if reused:
-            forget_keys()
-        return reused
+        if _shapes.reused(instance):
+            _send(instance, plan, planner, resolved)
     except Exception as exc:
         hook_failed(PREPARE_TARGET, exc)
-        return False
+        forget_keys()
 
 
 def _moved(cached, tensors) -> bool:
@@ -153,24 +164,14 @@ def _moved(cached, tensors) -> bool:
     return False
 
 
-def _discard(ids, key) -> None:
-    if isinstance(ids, dict):  # NVRx PR #395 maps key -> worker generation
-        ids.pop(key, None)
-    elif hasattr(ids, "discard"):
-        ids.discard(key)
-    else:
-        ids.clear()
-
-
 def _record_sent(instance, plan) -> None:
-    identifier = getattr(instance, "consistent_data_identifier", None)
-    sent = getattr(instance, "cached_tensor_data", None)
-    if identifier is None or sent is None:
+    key, sent = _shapes.cache_key(instance), _shapes.sent(instance)
+    if key is None or sent is None:
         return  # nothing cached, or NVRx reused what the worker holds
     items, tensors = sent
     tensor_items = _tensor_items(plan)
     position = {id(item): i for i, item in enumerate(tensor_items)}
-    _sent[identifier.key] = (len(tensor_items), tuple(
+    _sent[key] = (len(tensor_items), tuple(
         (position[id(item)], weakref.ref(tensor.untyped_storage()), tensor.data_ptr())
         for item, tensor in zip(items, tensors)
     ))

@@ -12,19 +12,22 @@ into the worker is touched):
   is dead (before the save or during the handshake) is still scheduled, as NVRx counts it,
   but marked failed; the call returns, and the save's finalize raises. The request's
   functions run inside ``_worker.reporting``, which leaves the worker's traceback.
-* ``PersistentAsyncCaller.is_current_async_call_done``: the same protocol as NVRx's (one
-  int all-reduce over ranks, the same tensor), but the local wait ends when the worker
-  dies, a completion is accepted only for the save being finalized (never an older one, nor
-  ``release()``'s), and a failure adds ``FAILED`` to the all-reduced value, so every rank
-  learns of it in the collective NVRx makes anyway and raises.
+* ``PersistentAsyncCaller.is_current_async_call_done``: NVRx's own check, called once, but
+  the local wait before it ends when the worker dies, and a completion is accepted only for
+  the save being finalized (never an older one, nor ``release()``'s).
+* ``AsyncCaller.sync_all_async_calls``, the all-reduce that check makes: a failed rank adds
+  its failure flag to the value, so every rank learns of it in the collective NVRx makes
+  anyway, and raises; no other collective is made. Its shape is probed first
+  (``core.shapes``): where it is not the one-int sum, the watch is not installed.
 * ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped (never
   finalized); the finalize goes on with the saves behind it as NVRx would (a blocking one
   waits for them all), then raises one error naming every save that was not saved.
 * ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
   dies during the close ends the wait.
-* ``AsyncCallsQueue.close``: when the finalize it starts with raises a failed checkpoint
-  and leaves nothing pending, the close is still done, then the failure is raised; the same
-  for Megatron's and Bridge's ``maybe_finalize_async_save(terminate=True)``.
+* ``AsyncCallsQueue.close``: when the finalize it starts with ends in a failed checkpoint
+  and leaves nothing pending, the failure is held while NVRx's close goes on (called once),
+  then raised; the same for Megatron's and Bridge's ``maybe_finalize_async_save(terminate=
+  True)`` (``_Held``).
 * ``PersistentAsyncCaller.async_process_target`` (NVRx 0.5.0+, in the worker only, where it
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
@@ -39,17 +42,16 @@ ranks while the interpreter shuts down.
 from __future__ import annotations
 
 import sys
+import threading
 from functools import partial
 from queue import Empty
 
-from ..core import monitor as _monitor, worker as _worker, workers as _workers
-from ..core.arguments import flags
-from ..core.errors import STOP, CheckpointWorkerError, add_note, deliver
+from ..core import monitor as _monitor, shapes as _shapes, worker as _worker
+from ..core import workers as _workers
+from ..core.arguments import flags, replaced, values
+from ..core.errors import STOP, CheckpointWorkerError, add_note, annotate
 from ..core.log import hook_failed, logger
 
-#: Added to NVRx's "still writing" count by a rank whose worker failed; the all-reduced sum
-#: then tells every rank (up to 2047 failed ranks decode exactly; more still read as failed).
-FAILED = 1 << 20
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
 FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
                  "checkpoints in different orders (maybe_finalize_async_save must run on "
@@ -64,18 +66,18 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     save that cannot reach a live worker is scheduled as failed, for its finalize. The
     package's own defect falls back to NVRx's call, all or nothing: before NVRx's call,
     nothing of the queue's count has changed; after it, NVRx's count stands."""
-    if _finalizing() or not getattr(queue, "persistent", True):
+    if _finalizing() or not _shapes.is_persistent(queue):
         return wrapped(*args, **kwargs)
     target = _target(wrapped)
     try:
-        caller = _workers.caller_of(queue)
+        caller = _shapes.caller_of(queue)
         if _workers.abandoned(caller):  # NVRx 0.4.1 keeps a closed caller
             _workers.forget_caller(queue, caller)  # as 0.5.0+ does: the save makes a fresh one
-            caller = _workers.caller_of(queue)
+            caller = _shapes.caller_of(queue)
         save = queue.call_idx + 1
         request = args[0] if args else kwargs["async_request"]
         process = _workers.process_of(caller)
-        entry = sys.modules[wrapped.__module__]._ActiveAsyncRequest  # probed: it exists
+        entry = partial(_shapes.entry, sys.modules[wrapped.__module__])  # probed: it exists
         sent = _reporting(request)  # NVRx gets every argument it was given, this one replaced
         sent_args, sent_kwargs = (((sent, *args[1:]), kwargs) if args else
                                   ((), {**kwargs, "async_request": sent}))
@@ -91,14 +93,14 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             hook_failed(target, exc)
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
-        _workers.release_join(_workers.queues_of(_workers.caller_of(queue))[1])
+        _workers.release_join(_workers.queues_of(_shapes.caller_of(queue))[1])
 
     with _monitor.watching(f"the preload handshake of save #{save}",
-                           lambda: _workers.process_of(_workers.caller_of(queue)), unblock) as wait:
+                           lambda: _workers.process_of(_shapes.caller_of(queue)), unblock) as wait:
         try:
             result = wrapped(*sent_args, **sent_kwargs)
         except BaseException as exc:  # an interrupt, say: the other ranks must still learn
-            caller = _workers.caller_of(queue)
+            caller = _shapes.caller_of(queue)
             if queue.call_idx == save and not _appended(queue, save) and caller is not None:
                 error = CheckpointWorkerError(
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
@@ -107,7 +109,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
     try:
-        caller = queue.async_calls[-1][1] if _appended(queue, save) else _workers.caller_of(queue)
+        caller = queue.async_calls[-1][1] if _appended(queue, save) else _shapes.caller_of(queue)
         if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
             return _died_before(queue, entry(save, caller, request), _workers.process_of(caller),
                                 "during the preload handshake", wait.exitcode)
@@ -127,7 +129,7 @@ def _reporting(request):
     traceback reaches the trainer's error); unchanged where it has none."""
     changes = {name: partial(_worker.reporting, getattr(request, name))
                for name in ("async_fn", "preload_fn") if getattr(request, name, None)}
-    return request._replace(**changes) if changes and hasattr(request, "_replace") else request
+    return _shapes.with_functions(request, **changes) if changes else request
 
 
 def _died_before(queue, entry, process, when, exitcode=None):
@@ -163,9 +165,21 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     """Around ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped, the
     saves behind it are finalized as NVRx would, then one error names what was not saved.
     A blocking finalize also goes on past NVRx's own failure of one save (its finalize
-    functions raised; NVRx had taken it off the queue), so that nothing is left pending."""
+    functions raised; NVRx had taken it off the queue), so that nothing is left pending.
+    Inside a close or a terminate (``_Held``) that error waits for the end of that call."""
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
+    try:
+        return _finalize(wrapped, queue, args, kwargs)
+    except STOP:
+        raise
+    except BaseException as failure:
+        if _Held.keeps(queue, failure):
+            return list(getattr(failure, "finalized", ()))
+        raise
+
+
+def _finalize(wrapped, queue, args, kwargs):
     try:
         blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
         _workers.finalized_with(queue, no_dist)
@@ -203,25 +217,63 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     return finalized
 
 
+class _Held:
+    """The failed checkpoints the finalizes inside one close of ``queue`` (or, ``queue``
+    None, one Megatron or Bridge terminate) ended in, held until that call is done: NVRx's
+    own code then goes on (the saves behind are finalized by the close, the worker
+    stopped), called once."""
+
+    __slots__ = ("queue", "failures")
+
+    def __init__(self, queue):
+        self.queue, self.failures = queue, []
+
+    def __enter__(self):
+        _holding.__dict__.setdefault("calls", []).append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _holding.calls.pop()
+
+    @classmethod
+    def keeps(cls, queue, failure):
+        """Hold ``failure``, the end of a finalize of ``queue``, for the innermost close or
+        terminate in this thread; False where there is none, or where that close could not
+        go on (saves are left pending: NVRx's close stops there, as without the package)."""
+        calls = getattr(_holding, "calls", None)
+        held = calls[-1] if calls else None
+        if held is None or (held.queue is not None and (
+                held.queue is not queue or queue.get_num_unfinalized_calls())):
+            return False
+        held.failures.append(failure)
+        return True
+
+
+_holding = threading.local()  # .calls: this thread's _Held, innermost last
+
+
 def queue_close_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
-    """Around ``AsyncCallsQueue.close``: when the finalize it starts with raises (a failed
-    checkpoint) and leaves nothing pending, the close is still done, then that raises."""
+    """Around ``AsyncCallsQueue.close``: when the finalize it starts with ends in a failed
+    checkpoint and leaves nothing pending, NVRx's close goes on (the worker is stopped), then
+    that failure is raised."""
     if _finalizing():
         return wrapped(*args, **kwargs)
-    try:
-        return wrapped(*args, **kwargs)
-    except STOP:
-        raise
-    except BaseException as failure:
-        if queue.get_num_unfinalized_calls():  # the finalize could not go on: as NVRx left it
+    with _Held(queue) as held:
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if held.failures:
+                annotate(exc, held.failures[0])
             raise
-        deliver(failure, lambda: wrapped(*args, **kwargs))
+    if held.failures:
+        raise held.failures[0]
+    return result
 
 
 def terminate_wrapper(wrapped, instance, args, kwargs):
     """Around Megatron's and Bridge's ``maybe_finalize_async_save``: with ``terminate=True``,
-    when the finalize it starts with raises (a failed checkpoint), the rest of the call (the
-    saves behind, the close) is still done, then the failure is raised."""
+    when the finalize it starts with ends in a failed checkpoint, the rest of the call (the
+    saves behind, the close) still runs, then the failure is raised."""
     try:
         terminate, = flags(wrapped, args, kwargs, "terminate")
     except Exception as exc:
@@ -229,19 +281,19 @@ def terminate_wrapper(wrapped, instance, args, kwargs):
         terminate = False
     if not terminate:
         return wrapped(*args, **kwargs)
-    try:
-        return wrapped(*args, **kwargs)
-    except STOP:
-        raise
-    except BaseException as failure:  # the finalize before the close: the close did not run
+    with _Held(None) as held:
         try:
-            wrapped(*args, **kwargs)
+            result = wrapped(*args, **kwargs)
         except STOP:
             raise
-        except BaseException as again:
-            add_note(failure, f"nvrx_ipc_fix: completing the terminate then raised "
-                              f"{type(again).__name__}: {again}")
-        raise failure
+        except BaseException as again:  # the close's own: raised after what came first
+            if not held.failures:
+                raise
+            add_note(held.failures[0], f"nvrx_ipc_fix: completing the terminate then raised "
+                                       f"{type(again).__name__}: {again}")
+    if held.failures:
+        raise held.failures[0]
+    return result
 
 
 def _summary(failures, finalized):
@@ -276,7 +328,12 @@ def _note(exc, failures):
 
 
 def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
-    """Around ``PersistentAsyncCaller.is_current_async_call_done(blocking, no_dist)``."""
+    """Around ``PersistentAsyncCaller.is_current_async_call_done(blocking, no_dist)``: NVRx's
+    own check, called once with every argument, after the local wait it cannot end (a dead
+    worker) is done here: the completion of this save (never an older one, nor
+    ``release()``'s) is put in ``cur_item``, where NVRx takes it, or this rank's failure is
+    known. NVRx's all-reduce then carries that failure (``sync_wrapper``); a failure of this
+    rank or another raises."""
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
     blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
@@ -291,24 +348,98 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
                 error = _lost(save, state.death)
         elif _workers.process_of(caller) is not None:
             caller.cur_item, error = _completion(caller, save, blocking)
-    alive = (caller.cur_item is None and error is None and state.death is None
-             and _workers.process_of(caller) is not None)
-    if no_dist:
-        if error is not None:
+    if error is not None:
+        caller.cur_item = save  # NVRx waits for nothing more here: its count is done
+    completions = _workers.queues_of(caller)[2]
+    pending = (caller.cur_item is None and completions is not None
+               and _workers.process_of(caller) is not None)
+    check = _checks.current = _Check(caller, error is not None)
+    let_go = _shapes.hold_reads(completions) if pending else None
+    try:  # pending: NVRx's own look at the completions finds none (this one found none)
+        done = wrapped(*args, **kwargs)
+    finally:
+        _checks.current = None
+        if let_go is not None:
+            let_go()
+    if not no_dist and check.total is not None:
+        failed, failed_rank = _decode(check.total, check.world)
+        if failed:
             _consume(caller, state, save)
+            error = error or _peer_error(save, failed, failed_rank)
+            error.failed_ranks = ((failed_rank,) if failed_rank is not None else
+                                  (_monitor.rank(),) if check.failed else ())
             raise error
-        done = not alive
-    else:
-        total, failed_ranks = _collective(save, alive, error is not None)
-        if failed_ranks or total >= FAILED or total < 0:
-            _consume(caller, state, save)
-            error = error or _peer_error(save, failed_ranks)
-            error.failed_ranks = failed_ranks
-            raise error
-        done = total == 0
+    if error is not None:  # no_dist: there is no peer to tell
+        _consume(caller, state, save)
+        raise error
     if done:
         _consume(caller, state, save)
     return done
+
+
+class _Check:
+    """One ``is_current_async_call_done`` of ``caller`` in this thread: whether this rank
+    failed, and the sum NVRx's all-reduce gave (None until it ran)."""
+
+    __slots__ = ("caller", "failed", "total", "world")
+
+    def __init__(self, caller, failed):
+        self.caller, self.failed, self.total, self.world = caller, failed, None, 1
+
+
+_checks = threading.local()
+
+
+def sync_wrapper(wrapped, caller, args, kwargs):
+    """Around ``AsyncCaller.sync_all_async_calls(is_alive)``, NVRx's finalize all-reduce
+    (one int summed over ranks: ``shapes.COLLECTIVE``): inside ``done_wrapper`` this rank's
+    failure flag is added to its value, and the sum is read. Anywhere else (NVRx's temporal
+    caller) it is NVRx's call alone."""
+    check = getattr(_checks, "current", None)
+    if check is None or check.caller is not caller or check.total is not None:
+        return wrapped(*args, **kwargs)
+    import torch
+
+    check.world = torch.distributed.get_world_size()
+    if check.failed:
+        is_alive, = values(wrapped, args, kwargs, "is_alive")
+        args, kwargs = replaced(wrapped, args, kwargs,
+                                is_alive=_flagged(is_alive, _monitor.rank(), check.world))
+    release = sys.modules.get("nvrx_ipc_fix.core.release")
+    hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
+    with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save "
+                           f"#{_front(caller)}", hint=hint):
+        result, check.total = _shapes.summed(lambda: wrapped(*args, **kwargs))
+    return result
+
+
+def _front(caller):
+    outstanding = _workers.state(caller).outstanding
+    return outstanding[0] if outstanding else None
+
+
+def _fields(world):
+    """How a failure is added to NVRx's one int32 summed over ``world`` ranks (each rank's
+    value without it: 1 while still writing, else 0): ``(unit, named)``. A failed rank adds
+    ``unit`` (a count of up to ``world`` ranks fits below it), and, where ``named``, ``unit``
+    squared times its rank, so that a lone failed rank is known by every rank."""
+    bits = max(world, 1).bit_length()
+    return 1 << bits, 3 * bits <= 31
+
+
+def _flagged(is_alive, rank, world):
+    """This failed rank's value for the all-reduce."""
+    unit, named = _fields(world)
+    return int(is_alive) + unit + (unit * unit * (rank or 0) if named else 0)
+
+
+def _decode(total, world):
+    """``(ranks failed, the failed rank or None)`` from the sum (taken modulo 2**32: where
+    several failed ranks overflow the int, their count still holds)."""
+    unit, named = _fields(world)
+    raw = total % (1 << 32)
+    failed = (raw // unit) % unit if named else raw // unit
+    return failed, (raw // (unit * unit) if named and failed == 1 else None)
 
 
 def _consume(caller, state, save):
@@ -341,7 +472,7 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
         _workers.release_join(_workers.queues_of(caller)[0])
 
     try:
-        if hasattr(caller, "sigterm_timeout") and flags(wrapped, args, kwargs, "abort")[0]:
+        if _shapes.abort_waits(caller) and flags(wrapped, args, kwargs, "abort")[0]:
             _wake(caller)
     except Exception as exc:  # the package's own defect: NVRx's abort runs as without it
         hook_failed(_target(wrapped), exc)
@@ -380,10 +511,11 @@ def worker_loop_wrapper(wrapped, instance, args, kwargs):
 
 # -- failure handling -------------------------------------------------------------------------
 
-def _peer_error(save, failed_ranks):
-    who = ", ".join(map(str, failed_ranks)) or "another rank"
+def _peer_error(save, failed, failed_rank):
+    who = (f"rank {failed_rank}" if failed_rank is not None else
+           f"{failed} ranks" if failed > 1 else "another rank")
     return CheckpointWorkerError(
-        f"rank {_monitor.rank()}: save #{save} failed on rank {who}: its checkpoint worker "
+        f"rank {_monitor.rank()}: save #{save} failed on {who}: its checkpoint worker "
         "failed (see that rank's error). The save was not finalized on any rank.",
         rank=_monitor.rank(), save=save)
 
@@ -451,37 +583,3 @@ def _own_failure(caller, save, process, when="while writing it", exitcode=None):
     _workers.state(caller).death = death
     _workers.abandon(caller)
     return _worker_error(save, pid, exitcode, when, death.worker_traceback)
-
-
-def _collective(save, alive, failed):
-    """NVRx's finalize all-reduce (``sync_all_async_calls``: one int, summed, on the current
-    device) with this rank's failure added; returns ``(sum, failed ranks)``."""
-    import torch
-
-    value = int(bool(alive)) + (FAILED if failed else 0)
-    tensor = torch.tensor([value], dtype=torch.int, device=torch.cuda.current_device())
-    release = sys.modules.get("nvrx_ipc_fix.core.release")
-    hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
-    with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save #{save}",
-                           hint=hint):
-        torch.distributed.all_reduce(tensor)
-        total = int(tensor[0])  # NCCL returns at once: the wait is here
-    if 0 <= total < FAILED:
-        return total, ()
-    return total, _failed_ranks(failed)
-
-
-def _failed_ranks(failed):
-    """Which ranks failed (every rank takes part, so this second collective is safe)."""
-    import torch
-
-    mine = _monitor.rank() if failed else None
-    try:
-        found = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(found, mine)
-        return tuple(rank for rank in found if rank is not None)
-    except Exception as exc:  # the count still says that some rank failed
-        logger.warning("could not learn which ranks failed: %s", exc)
-        return (mine,) if mine is not None else ()
-
-

@@ -304,7 +304,8 @@ class Trainer:
     def worker(self):
         """The worker process that takes the next save, if any: the queue's, else the one
         NVRx's warm-up slot holds for it."""
-        from ..core.workers import caller_of, process_of
+        from ..core.shapes import caller_of
+        from ..core.workers import process_of
 
         caller = caller_of(self.queue)
         if caller is None and self.impl == "nvrx":

@@ -1,0 +1,495 @@
+"""What NVRx and megatron-core look like in this process: every difference between their
+versions that the package relies on, decided by probes of their code (a version number only
+says what to expect of an NVRx not imported yet), and the one way the fixes, ``release()``,
+prewarm and the after-fork code reach what differs.
+
+* **Probes** (``worker_cache`` … ``collective_problem``): what a module's classes have,
+  decided when it is imported; the target table (``targets``) takes its verdicts from here.
+* **Callers and queues**: NVRx's persistent caller keeps its worker and queues on itself,
+  per queue; megatron-core's copy keeps them on its classes, one per process. A class's
+  shape (``Caller``) is read once, at its first use, and kept.
+* **The writer**: NVRx 0.6.0's and 0.7.0's IPC cache (``_cached_identifiers``), with or
+  without ``cleanup_tensor_caches``.
+* **A child of ``os.fork()``**: megatron-core's class-level worker and NVRx's results-queue
+  manager, which it lets go of.
+* **The finalize collective**: the one-int sum the worker watch's failure flag rides on.
+
+Importing this module imports ``detect`` only (activation reads the probes from here).
+"""
+
+import sys
+
+from .detect import CORE, NVRX_DIST, distribution_version, release_has_cache
+
+# -- probes: which fix applies to the module's code ---------------------------------------------
+
+
+def nvrx_worker_cache(_module):
+    """Megatron/Bridge targets: does the installed NVRx cache IPC handles? Needs no Megatron
+    module, so ``status()`` asks it for pending targets too."""
+    core = sys.modules.get(CORE)
+    if core is not None:
+        return worker_cache(core)
+    version = distribution_version(NVRX_DIST)
+    if version is None:
+        return "not_applicable", "nvidia-resiliency-ext is not installed"
+    if release_has_cache(version) is False:
+        return "not_applicable", f"NVRx {version} has no IPC tensor cache (added in 0.6.0)"
+    return "active", f"NVRx {version} may cache IPC handles in its worker"
+
+
+def worker_cache(core):
+    """NVRx core: does the persistent worker keep a data cache?"""
+    caller = getattr(core, "PersistentAsyncCaller", None)
+    if caller is None:
+        if core is None or initializing(core):
+            return None  # decided once the module is imported
+        return "not_applicable", "this NVRx has no persistent worker"
+    if hasattr(caller, "_worker_data_cache"):
+        return "active", "NVRx caches tensors in its persistent worker"
+    return "not_applicable", ("this NVRx has no worker cache "
+                              "(no PersistentAsyncCaller._worker_data_cache)")
+
+
+def writer_cache(fs):
+    """NVRx filesystem_async: is the IPC cache there, and does it check data pointers?"""
+    writer = getattr(fs, "FileSystemWriterAsync", None)
+    if writer is None:
+        if fs is None or initializing(fs):
+            return None  # decided once the module is imported
+        return "not_applicable", "this NVRx has no FileSystemWriterAsync"
+    if "_cached_identifiers" not in vars(writer):
+        return "not_applicable", ("this NVRx has no IPC tensor cache "
+                                  "(no FileSystemWriterAsync._cached_identifiers)")
+    if hasattr(writer, "_cached_tensor_data_ptrs"):
+        return "fixed_upstream", "NVRx re-sends when data pointers change (NVRx PR #314)"
+    if not hasattr(fs, "_compute_data_structure_key_from_plan"):
+        return "unsupported", "filesystem_async has no _compute_data_structure_key_from_plan"
+    return "active", "NVRx caches IPC handles without checking the storage"
+
+
+def persistent_worker(module):
+    """NVRx core or megatron-core async_utils: is there a persistent worker we can watch?"""
+    if module is None:
+        return None
+    caller = getattr(module, "PersistentAsyncCaller", None)
+    if caller is None or not hasattr(module, "AsyncCallsQueue"):
+        return "not_applicable", "this version has no persistent checkpoint worker"
+    if _upstream_error(module):  # Megatron-LM PR #6971
+        return "fixed_upstream", ("this version raises its own PersistentAsyncWorkerError for "
+                                  "a dead worker (Megatron-LM PR #6971)")
+    if caller_shape(caller).queues is None:
+        return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
+    if not hasattr(module, "_ActiveAsyncRequest"):
+        return "unsupported", "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize"
+    problem = collective_problem(module)
+    if problem is not None:
+        return "unsupported", problem
+    return "active", ("a dead persistent worker is one error per rank, raised by the finalize of "
+                      "the failed save; stalls are logged")
+
+
+def mcore_persistent_worker(module):
+    """megatron-core: as ``persistent_worker``; without megatron-core, not applicable."""
+    if module is None and distribution_version("megatron-core") is None:
+        return "not_applicable", "megatron-core is not installed"
+    return persistent_worker(module)
+
+
+def _upstream_error(module):
+    """Does ``module`` define its own ``PersistentAsyncWorkerError`` (not this package's)?"""
+    found = vars(module).get("PersistentAsyncWorkerError")
+    return found is not None and getattr(found, "__module__", "") != f"{__package__}.errors"
+
+
+def warm_up(module):
+    """NVRx core: can its worker be started ahead of a save, as NVRx's own warm-up does?"""
+    if module is None:
+        return None
+    queue = getattr(module, "AsyncCallsQueue", None)
+    caller = getattr(module, "PersistentAsyncCaller", None)
+    if (queue is None or caller is None or not hasattr(queue, "warmup_persistent_caller")
+            or "_start_worker" not in vars(caller)):
+        return "not_applicable", ("this NVRx starts its worker only inside a save (no "
+                                  "AsyncCallsQueue.warmup_persistent_caller)")
+    if caller_shape(caller).queues != NVRX_QUEUES:
+        return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
+    return "active", "prewarm() can start the worker ahead of its save"
+
+
+def worker_loop(module):
+    """NVRx core: does the worker call ``async_process_target`` by name, never as the
+    process target that NVRx pickles (the code that starts the worker does not name it)?"""
+    watched = persistent_worker(module)
+    if watched is None or watched[0] != "active":
+        return watched  # the rest of the watch stands aside: so does this part
+    caller = module.PersistentAsyncCaller
+    if "async_process_target" not in vars(caller):
+        return "not_applicable", ("no PersistentAsyncCaller.async_process_target: the worker's "
+                                  "traceback stays on stderr")
+    starters = [vars(caller).get(name) for name in ("_start_worker", "schedule_async_call")]
+    codes = [getattr(f, "__code__", None) for f in starters if f is not None]
+    if not codes or any(code is None or "async_process_target" in code.co_names
+                        for code in codes):
+        return "unsupported", "async_process_target may be the worker's Process target (pickled)"
+    return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
+
+
+def initializing(module):
+    """Is ``module`` still executing (imported in another thread, say)?"""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+# -- callers and queues: NVRx's (per queue) and megatron-core's (on its classes) ------------------
+
+NVRX_QUEUES = ("queue", "preload_q", "comp_q")
+MCORE_QUEUES = ("_persistent_queue", "_persistent_preload_q", "_persistent_comp_q")
+
+
+class Caller:
+    """How a persistent caller class keeps its worker: ``queues``, the names of its request,
+    preload and completion queues (None: unknown); ``on_class``, megatron-core's way (the
+    worker and queues on the class, the queue's caller on the queue class); ``abort_waits``,
+    whether ``close(abort=True)`` SIGTERMs the worker and waits ``sigterm_timeout`` for it
+    (NVRx 0.6.0+)."""
+
+    __slots__ = ("queues", "on_class", "abort_waits")
+
+    def __init__(self, cls):
+        import inspect
+
+        init = getattr(cls, "__init__", None)
+        names = getattr(getattr(init, "__code__", None), "co_names", ())
+        if {*NVRX_QUEUES, "process"} <= set(names):
+            self.queues, self.on_class = NVRX_QUEUES, False
+        elif all(hasattr(cls, name) for name in MCORE_QUEUES):
+            self.queues, self.on_class = MCORE_QUEUES, True
+        else:
+            self.queues, self.on_class = None, False
+        try:
+            self.abort_waits = "sigterm_timeout" in inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            self.abort_waits = False
+
+
+_shapes = {}  # caller class -> Caller
+
+
+def caller_shape(cls):
+    """The ``Caller`` of ``cls``, read once."""
+    shape = _shapes.get(cls)
+    if shape is None:
+        shape = _shapes[cls] = Caller(cls)
+    return shape
+
+
+def caller_of(queue):
+    """The queue's persistent caller (NVRx: per queue; megatron-core: per process)."""
+    return getattr(queue, "persistent_caller", None) or getattr(queue, "_persistent_caller",
+                                                                 None)
+
+
+def worker_queues(caller):
+    """``(request queue, preload queue, completion queue)`` of the caller's worker, or Nones
+    (megatron-core: its class's, while its worker is this caller's)."""
+    shape = caller_shape(type(caller))
+    if not shape.on_class:
+        return tuple(getattr(caller, name) for name in NVRX_QUEUES)
+    cls = type(caller)
+    if caller.process is None or getattr(cls, "_persistent_process", None) is not caller.process:
+        return None, None, None
+    return tuple(getattr(cls, name) for name in MCORE_QUEUES)
+
+
+def detach_worker(caller, process):
+    """``caller`` no longer has a worker (its close does nothing); megatron-core's class
+    forgets the worker and its queues too."""
+    cls = type(caller)
+    if process is not None and getattr(cls, "_persistent_process", None) is process:
+        cls._persistent_process = None
+        for name in MCORE_QUEUES:
+            setattr(cls, name, None)
+    try:
+        caller.process = None
+    except Exception:
+        pass
+
+
+def detach_caller(queue, caller):
+    """The queue starts a fresh caller (and worker) at its next save."""
+    if "persistent_caller" in vars(queue) and queue.persistent_caller is caller:
+        queue.persistent_caller = None
+    for cls in type(queue).__mro__:  # megatron-core: one caller per process, on the class
+        if vars(cls).get("_persistent_caller") is caller:
+            cls._persistent_caller = None
+
+
+def is_persistent(queue):
+    """Does ``queue`` keep one worker for its saves (not NVRx's process per save)?"""
+    return getattr(queue, "persistent", True)
+
+
+def holds_ipc(queue):
+    """Can ``queue``'s worker hold CUDA IPC mappings (not CPU shared memory)?"""
+    return not getattr(queue, "cpu_shm_mode", False)
+
+
+def abort_waits(caller):
+    """Does ``caller``'s ``close(abort=True)`` SIGTERM the worker and wait for it?"""
+    return caller_shape(type(caller)).abort_waits
+
+
+def request(module, function, args, call_idx):
+    """An ``AsyncRequest`` of ``module`` (NVRx's core) that runs ``function(*args)`` in the
+    worker and answers ``call_idx``, with no finalize step."""
+    return module.AsyncRequest(function, tuple(args), [], call_idx=call_idx)
+
+
+def with_functions(request, **functions):
+    """``request`` with ``functions`` (``async_fn``, ``preload_fn``) in place of its own."""
+    return request._replace(**functions) if hasattr(request, "_replace") else request
+
+
+def entry(module, save, caller, request):
+    """A queue's record of a scheduled save (``_ActiveAsyncRequest``)."""
+    return module._ActiveAsyncRequest(save, caller, request)
+
+
+def worker_data_cache(core):
+    """NVRx's worker data cache in this process (in the trainer: the copy a synchronous save
+    fills), or None on an NVRx without one."""
+    return getattr(getattr(core, "PersistentAsyncCaller", None), "_worker_data_cache", None)
+
+
+# -- NVRx's warm-up slot --------------------------------------------------------------------------
+
+def warm_slot(core):
+    """The caller in NVRx's warm-up slot (one per process), or None."""
+    return vars(core.AsyncCallsQueue).get("_warmup_persistent_caller")
+
+
+def empty_slot(core, caller=None):
+    """Empty NVRx's warm-up slot (where it holds ``caller``, if given)."""
+    queues = core.AsyncCallsQueue
+    if caller is None or getattr(queues, "_warmup_persistent_caller", None) is caller:
+        queues._warmup_persistent_caller = None
+
+
+#: A queue's settings that NVRx's warm-up may take too.
+WARM_UP_SETTINGS = ("is_daemon", "cpu_priority", "io_priority", "sigterm_timeout", "cpu_shm_mode")
+
+
+def warm_up_into_slot(core, queue, rank):
+    """NVRx's own ``warmup_persistent_caller``, with the settings of ``queue`` it takes; the
+    caller it put in its slot."""
+    import inspect
+
+    params = inspect.signature(core.AsyncCallsQueue.warmup_persistent_caller).parameters
+    core.AsyncCallsQueue.warmup_persistent_caller(rank, **{
+        name: getattr(queue, name) for name in WARM_UP_SETTINGS
+        if name in params and hasattr(queue, name)})
+    return warm_slot(core)
+
+
+def live_queues(core):
+    """NVRx's queues alive in this process (none known on 0.4.1, which keeps no list)."""
+    return getattr(core.AsyncCallsQueue, "get_instances", list)()
+
+
+def caller_for(queue):
+    """``queue``'s caller, made by NVRx as for a save where it has none yet."""
+    return queue.persistent_caller or queue._get_async_caller()
+
+
+def start_worker(caller, rank):
+    """Start ``caller``'s worker by NVRx's own ``_start_worker``, as a save would."""
+    caller._start_worker(rank)
+    caller.rank = rank
+
+
+# -- the writer's cache ---------------------------------------------------------------------------
+
+#: The writer's class-level caches: emptied (in place) when the worker that holds the data goes.
+WRITER_CACHES = ("_cached_identifiers", "_cached_tensor_data_ptrs")
+
+
+def cached_key_count(writer):
+    """How many cache keys ``writer`` (NVRx's writer class) believes the worker holds."""
+    ids = getattr(writer, "_cached_identifiers", None)
+    try:
+        return len(ids) if ids is not None else 0
+    except TypeError:
+        return 0
+
+
+def forget_writer_keys(writer):
+    """Empty the writer class's caches in place: NVRx's ``cleanup_tensor_caches`` where it
+    has one, else each cache (git builds before 0.6.0)."""
+    cleanup = getattr(writer, "cleanup_tensor_caches", None)
+    if callable(cleanup):
+        cleanup()
+    for name in WRITER_CACHES:
+        cache = getattr(writer, name, None)
+        if cache:
+            cache.clear()
+
+
+def caches_ipc(writer):
+    """Does this writer cache what it sends over CUDA IPC (not CPU shared memory)?"""
+    return bool(writer.use_cached_data_structure) and not getattr(
+        writer, "use_cpu_shm_for_gpu_tensors", False)
+
+
+def byte_io(fs):
+    """NVRx's write-item type of what it never caches."""
+    return fs.WriteItemType.BYTE_IO
+
+
+def cache_key(writer):
+    """The key this call of ``prepare_write_data`` cached under, or None."""
+    identifier = getattr(writer, "consistent_data_identifier", None)
+    return None if identifier is None else identifier.key
+
+
+def sent(writer):
+    """``(items, tensors)`` this call sends for the worker to cache, or None (it sends only
+    the key: the worker reuses its entry)."""
+    return getattr(writer, "cached_tensor_data", None)
+
+
+def reused(writer):
+    """Did this call send only the key (the worker reuses its cache)?"""
+    return cache_key(writer) is not None and sent(writer) is None
+
+
+def send(writer, items, tensors):
+    """Make this call send ``tensors`` (of ``items``) under its key, as NVRx's first send of
+    a key does; the worker replaces its entry."""
+    writer.cached_tensor_data = (list(items), list(tensors))
+
+
+def sent_uncached(writer):
+    """The items this call sends fresh, outside the cache (CPU tensors, dequantized ones)."""
+    return (getattr(writer, "uncached_tensor_data", None) or ((), ()))[0]
+
+
+# -- a child of os.fork(): what it lets go of --------------------------------------------------------
+
+def detach_class_worker(module):
+    """megatron-core's worker of this process, on its classes: the classes let go of it;
+    ``(its process, what the classes held, the queue class's caller)``, or Nones."""
+    caller_class = getattr(module, "PersistentAsyncCaller", None)
+    queue_class = getattr(module, "AsyncCallsQueue", None)
+    if caller_class is None or queue_class is None:
+        return None, [], None
+    process, held = vars(caller_class).get("_persistent_process"), []
+    for name in ("_persistent_process", *MCORE_QUEUES):
+        if vars(caller_class).get(name) is not None:
+            held.append(getattr(caller_class, name))
+            setattr(caller_class, name, None)
+    caller = vars(queue_class).get("_persistent_caller")
+    if caller is not None:
+        queue_class._persistent_caller = None
+    return process, held, caller
+
+
+def results_manager(fs):
+    """NVRx's results-queue manager process, detached from the writer's module (the child
+    makes its own); ``(what to keep alive, the process)``, or ``(None, None)``."""
+    results = getattr(fs, "_results_queue", None)
+    if results is None:
+        return None, None
+    fs._results_queue = None
+    return results, getattr(getattr(results, "_manager", None), "_process", None)
+
+
+# -- the finalize collective ------------------------------------------------------------------
+
+#: NVRx's finalize all-reduce, ``AsyncCaller.sync_all_async_calls`` (NVRx 0.4.1-0.7.0,
+#: megatron-core 0.12-0.19 alike): one int per rank, summed. The worker watch's failure flag
+#: rides on it (``fixes/worker_watch.py``); only this shape carries it.
+COLLECTIVE = """
+def sync_all_async_calls(self, is_alive):
+    ten = torch.tensor([is_alive], dtype=torch.int, device=torch.cuda.current_device())
+    torch.distributed.all_reduce(ten)
+    return ten[0] == 0
+"""
+#: What the watch relies on in ``PersistentAsyncCaller.is_current_async_call_done``: it
+#: takes a completion into ``cur_item`` (``get_nowait``) only while that is empty, and all-
+#: reduces through ``self.sync_all_async_calls``.
+CHECK_NAMES = ("cur_item", "get_nowait", "sync_all_async_calls")
+
+
+def collective_problem(module):
+    """Why the finalize collective of ``module`` (NVRx's core, megatron-core's async_utils)
+    cannot carry the watch's failure flag, or None."""
+    import inspect
+
+    caller = module.PersistentAsyncCaller
+    check, sync = (getattr(caller, name, None)
+                   for name in ("is_current_async_call_done", "sync_all_async_calls"))
+    if check is None or sync is None:
+        return None  # the target of that name is "not found" (lifecycle)
+    check = inspect.unwrap(check)
+    names = getattr(getattr(check, "__code__", None), "co_names", ())
+    missing = [name for name in CHECK_NAMES if name not in names]
+    if missing:
+        return (f"PersistentAsyncCaller.is_current_async_call_done does not use "
+                f"{', '.join(missing)} as the watch expects")
+    found = _body(inspect.unwrap(sync))
+    if found is None or found != _body(COLLECTIVE):
+        return ("its finalize collective, AsyncCaller.sync_all_async_calls, is not the one-int "
+                "sum over ranks that carries the failure flag (its code changed)")
+    return None
+
+
+def _body(function):
+    """The statements of ``function`` (or of the source text of one), docstring left out,
+    with its parameter names, as comparable text; None if its source cannot be read."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        source = function if isinstance(function, str) else inspect.getsource(function)
+    except (OSError, TypeError):
+        return None
+    node = ast.parse(textwrap.dedent(source)).body[0]
+    if not isinstance(node, ast.FunctionDef):
+        return None
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
+                                                             ast.Constant):
+        body = body[1:]
+    return [arg.arg for arg in node.args.args], [ast.dump(statement) for statement in body]
+
+
+def summed(call):
+    """Run NVRx's ``sync_all_async_calls`` (``call()``, the shape ``COLLECTIVE``); return its
+    result and the all-reduced sum, read from the tensor it made (``collective_problem``
+    vouches that there is one, reduced in place)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    made = []
+
+    class Tensors(TorchFunctionMode):  # this thread's calls into torch, within call() only
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if func is torch.tensor:
+                made.append(result)
+            return result
+
+    with Tensors():
+        result = call()
+    return result, int(made[0][0])
+
+
+def hold_reads(queue):
+    """Hold ``queue``'s read lock (a multiprocessing queue's), so that a ``get_nowait`` in
+    this thread finds it empty; returns what lets it go (nothing to let go where another
+    reader holds it: that ``get_nowait`` finds it empty too)."""
+    lock = queue._rlock
+    if lock.acquire(False):
+        return lock.release
+    return lambda: None
