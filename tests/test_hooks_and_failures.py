@@ -173,7 +173,7 @@ DEFECT = """
 
 @needs_nvrx
 @pytest.mark.worker
-@pytest.mark.parametrize("where", ["_scheduled_failed", "schedule_wrapper"])
+@pytest.mark.parametrize("where", ["_scheduled_failed", "_schedule"])  # schedule_wrapper's body
 def test_a_defect_in_the_schedule_bookkeeping_falls_back_whole(where):
     steps = ["save", "fault-idle" if where == "_scheduled_failed" else "save", "save"]
     report = scenario(steps, prelude=DEFECT.format(where=where),

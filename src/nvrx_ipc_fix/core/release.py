@@ -182,64 +182,66 @@ def _release(queue, strategy, timeout, held):
     if not queues:
         skipped.append("queues: no live AsyncCallsQueue")
     for q in queues:
-        label = f"queue {id(q):#x}"
-        if not holds_ipc(q):
-            skipped.append(f"{label}: cpu_shm_mode holds no IPC handles")
-            continue
-        if _suspend.suspended(q):
-            if strategy in ("flush", "suspend"):
-                skipped.append(f"{label}: its worker is suspended: nothing of it is on the device")
+        with _workers.queue_lock(q):  # a save in another thread waits (and we for it)
+            label = f"queue {id(q):#x}"
+            if not holds_ipc(q):
+                skipped.append(f"{label}: cpu_shm_mode holds no IPC handles")
                 continue
-            _suspend.ready(q)  # terminate, restart: back to running, then closed
-        if q.get_num_unfinalized_calls():
-            failure = _finalize(q)
-            if failure is not None:
-                held.append(failure)
-            if q.get_num_unfinalized_calls():  # a failure that finalized nothing
-                skipped.append(f"{label}: saves still pending after a failed finalize")
-                continue
-        stopped = False
-        if _prewarm.idle(q):  # a worker waits for q's first save: it holds no IPC mappings
-            if strategy == "flush":
-                skipped.append(f"{label}: its worker has had no save yet: nothing to release")
-                continue
-            stopped = _prewarm.stop(q)
-            terminated = terminated or stopped
-            if stopped and strategy == "suspend":  # it has had no save: started again at onload
-                _suspend.mark_ended(q)
-        if not has_live_worker(q):
-            _released_at[q] = q.call_idx
-            if stopped:
-                released += 1
-            else:
-                skipped.append(f"{label}: no live worker")
-            continue
-        _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
-        if strategy in ("terminate", "restart"):
-            failure = _upstream(q.close)[1]
-            if failure is not None:
-                held.append(failure)
-            terminated = True
-        else:
-            from .worker import drop_cache
-
-            # NVRx's queues, or its abort of a worker that did not answer, may raise
-            error, failure = _upstream(lambda: run_in_worker(q, drop_cache, (), timeout))
-            if failure is not None:
-                held.append(failure)
-                error = f"the request to the worker failed ({type(failure).__name__})"
-            if not error and strategy == "suspend":
-                error = _suspend.suspend(q, _shapes.caller_of(q), timeout, held)
-                suspended = suspended or not error
-            if error:
-                errors.append(f"{label}: {error}")
-                terminated = True
-                if strategy == "suspend":
+            if _suspend.suspended(q):
+                if strategy in ("flush", "suspend"):
+                    skipped.append(f"{label}: its worker is suspended: nothing of it is on "
+                                   f"the device")
+                    continue
+                _suspend.ready(q)  # terminate, restart: back to running, then closed
+            if q.get_num_unfinalized_calls():
+                failure = _finalize(q)
+                if failure is not None:
+                    held.append(failure)
+                if q.get_num_unfinalized_calls():  # a failure that finalized nothing
+                    skipped.append(f"{label}: saves still pending after a failed finalize")
+                    continue
+            stopped = False
+            if _prewarm.idle(q):  # a worker waits for q's first save: it holds no IPC mappings
+                if strategy == "flush":
+                    skipped.append(f"{label}: its worker has had no save yet: nothing to release")
+                    continue
+                stopped = _prewarm.stop(q)
+                terminated = terminated or stopped
+                if stopped and strategy == "suspend":  # it has had no save: started again at onload
                     _suspend.mark_ended(q)
+            if not has_live_worker(q):
+                _released_at[q] = q.call_idx
+                if stopped:
+                    released += 1
+                else:
+                    skipped.append(f"{label}: no live worker")
+                continue
+            _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
+            if strategy in ("terminate", "restart"):
+                failure = _upstream(q.close)[1]
+                if failure is not None:
+                    held.append(failure)
+                terminated = True
             else:
-                kept = True
-        _released_at[q] = q.call_idx
-        released += 1
+                from .worker import drop_cache
+
+                # NVRx's queues, or its abort of a worker that did not answer, may raise
+                error, failure = _upstream(lambda: run_in_worker(q, drop_cache, (), timeout))
+                if failure is not None:
+                    held.append(failure)
+                    error = f"the request to the worker failed ({type(failure).__name__})"
+                if not error and strategy == "suspend":
+                    error = _suspend.suspend(q, _shapes.caller_of(q), timeout, held)
+                    suspended = suspended or not error
+                if error:
+                    errors.append(f"{label}: {error}")
+                    terminated = True
+                    if strategy == "suspend":
+                        _suspend.mark_ended(q)
+                else:
+                    kept = True
+            _released_at[q] = q.call_idx
+            released += 1
     trainer_cache.clear()
     cleaned = None
     if released or keys:
