@@ -21,6 +21,7 @@ NAN, INF = "nan", "inf"
 ENV_CASES = [
     # the kill switch: understood values, else the whole package is off
     ("NVRX_IPC_FIX_DISABLE", "", "on", False),
+    ("NVRX_IPC_FIX_DISABLE", " \t ", "on", False),  # blank: as unset, as for every variable
     ("NVRX_IPC_FIX_DISABLE", " No ", "on", False),
     ("NVRX_IPC_FIX_DISABLE", "OFF", "on", False),
     ("NVRX_IPC_FIX_DISABLE", "1", "off", False),
@@ -30,13 +31,23 @@ ENV_CASES = [
      False),
     ("NVRX_IPC_FIX_DISABLE", "stale_gaurd", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "stale_guard,bogus", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "STALE_GUARD", "on: stale_guard", False),
     ("NVRX_IPC_FIX_DISABLE", ",", "off", True),
+    # an empty item is not a fix name, wherever it is: one rule with "," (issue 37)
+    ("NVRX_IPC_FIX_DISABLE", "stale_guard,,", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "stale_guard, ", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", ",stale_guard", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "clear_on_close,,stale_guard", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", " , ,", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", ",,", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "1,stale_guard", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "2", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "-1", "off", True),
     ("NVRX_IPC_FIX_DISABLE", INF, "off", True),
     ("NVRX_IPC_FIX_DISABLE", "ja", "off", True),
     # start-up activation: a value that is not understood turns it off too
     ("NVRX_IPC_FIX_AUTO", "", True, False),
+    ("NVRX_IPC_FIX_AUTO", "  ", True, False),
     ("NVRX_IPC_FIX_AUTO", "ON", True, False),
     ("NVRX_IPC_FIX_AUTO", " 0 ", False, False),
     ("NVRX_IPC_FIX_AUTO", "maybe", False, True),
@@ -45,12 +56,17 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_STRATEGY", "TERMINATE", "terminate", False),
     ("NVRX_IPC_FIX_STRATEGY", " Restart ", "restart", False),
     ("NVRX_IPC_FIX_STRATEGY", "", "flush", False),
+    ("NVRX_IPC_FIX_STRATEGY", " ", "flush", False),
     ("NVRX_IPC_FIX_STRATEGY", "nuke", "flush", True),
     ("NVRX_IPC_FIX_RELEASE", "Finalize", "finalize", False),
     ("NVRX_IPC_FIX_RELEASE", "OFF", "never", False),
     ("NVRX_IPC_FIX_RELEASE", "none", "never", False),
     ("NVRX_IPC_FIX_RELEASE", "sometimes", "offload", True),
+    ("NVRX_IPC_FIX_RELEASE", "", "offload", False),
+    ("NVRX_IPC_FIX_RELEASE", " \t", "offload", False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "", 60.0, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "  ", 60.0, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "INF", INF, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "0.5", 0.5, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", INF, INF, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1e400", INF, False),  # parses as inf
@@ -61,25 +77,31 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "-inf", 60.0, True),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "soon", 60.0, True),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "", 300.0, False),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", " ", 300.0, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "0", INF, False),  # off
     ("NVRX_IPC_FIX_STALL_TIMEOUT", INF, INF, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "2.5", 2.5, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", NAN, 300.0, True),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "-1", 300.0, True),
     ("NVRX_IPC_FIX_PIN", "", True, False),
+    ("NVRX_IPC_FIX_PIN", "  ", True, False),
     ("NVRX_IPC_FIX_PIN", " OFF ", False, False),
     ("NVRX_IPC_FIX_PIN", "never", False, False),
     ("NVRX_IPC_FIX_PIN", "maybe", True, True),  # "using on", and on it is
     ("NVRX_IPC_FIX_PIN", NAN, True, True),
     ("NVRX_IPC_FIX_STANDBY", "", True, False),
+    ("NVRX_IPC_FIX_STANDBY", " ", True, False),
     ("NVRX_IPC_FIX_STANDBY", " Off", False, False),
     ("NVRX_IPC_FIX_STANDBY", "0", False, False),
     ("NVRX_IPC_FIX_STANDBY", "-1", True, True),
     ("NVRX_IPC_FIX_STANDBY", INF, True, True),
     ("NVRX_IPC_FIX_PREWARM", "Start", True, False),
     ("NVRX_IPC_FIX_PREWARM", "", False, False),
+    ("NVRX_IPC_FIX_PREWARM", "  ", False, False),
     ("NVRX_IPC_FIX_PREWARM", "maybe", False, True),
     ("NVRX_IPC_FIX_LOG_LEVEL", "DEBUG", "debug", False),
+    ("NVRX_IPC_FIX_LOG_LEVEL", "", None, False),
+    ("NVRX_IPC_FIX_LOG_LEVEL", " ", None, False),
     ("NVRX_IPC_FIX_LOG_LEVEL", "loud", None, True),
 ]
 
@@ -124,7 +146,7 @@ def test_every_environment_variable_at_its_edges():
         assert warnings == int(warns), (name, value, warnings)
 
 
-@pytest.mark.parametrize("value", ["stale_gaurd", "2", ","])
+@pytest.mark.parametrize("value", ["stale_gaurd", "2", ",", "stale_guard,,"])
 def test_a_kill_switch_it_does_not_understand_turns_the_package_off(value):
     rc, out, err = run_process([sys.executable, "-c", (
         "import json, nvrx_ipc_fix; s = nvrx_ipc_fix.activate();"

@@ -1,9 +1,10 @@
 """Every ``NVRX_IPC_FIX_*`` environment variable: name, default, parser.
 
 Values are read when they are needed, so a launcher or a test can change them between
-activations. Case and surrounding blanks do not matter. An invalid value gives one
-``RuntimeWarning`` (shown on stderr by default, unlike our logger) and the default, except
-for the two switches, where a value that is not understood turns the thing off.
+activations. Case and surrounding blanks do not matter, and an empty or blank value is the
+same as unset: the default. An invalid value gives one ``RuntimeWarning`` (shown on stderr by
+default, unlike our logger) and the default, except for the two switches, where a value that
+is not understood turns the thing off.
 A warning about a value read during start-up activation (which every process of the
 environment runs) waits until a module the package patches is imported, and is dropped in
 processes that never import one. ``SETTINGS`` lists every variable with its parser, which
@@ -17,7 +18,8 @@ from . import state as _state
 
 #: ``1``/``true``/``yes``/``on`` turns the package off; a comma list of fix names
 #: (``clear_on_close,stale_guard``) turns off only those fixes. Any other value turns the
-#: whole package off too (with a warning): a kill switch errs on the side of off.
+#: whole package off too (with a warning): a kill switch errs on the side of off. An empty
+#: item (``,``, ``stale_guard,,``) names no fix, so is not understood either.
 DISABLE = "NVRX_IPC_FIX_DISABLE"
 #: ``0``/``false``/``no``/``off`` turns start-up activation (the ``.pth`` file, the
 #: sitecustomize fallback) off; ``import nvrx_ipc_fix``, ``activate()`` and the Ray hook still
@@ -234,11 +236,12 @@ def _parse_disable(raw, known=None):
         return frozenset(), None
     if raw in _TRUE:
         return None, None
-    names = {part.strip() for part in raw.split(",") if part.strip()}
-    unknown = sorted(names.difference(known))
-    if unknown or not names:
-        return None, (f"is not understood (unknown: {', '.join(unknown) or repr(raw)}; "
-                      f"use 1, or a comma list of {', '.join(known)}); the whole package is off")
+    names = [part.strip() for part in raw.split(",")]
+    unknown = sorted(set(names).difference(known))  # "": an empty item, as in ","
+    if unknown:
+        return None, (f"is not understood (unknown: "
+                      f"{', '.join(name or 'an empty item' for name in unknown)}; use 1, or a "
+                      f"comma list of {', '.join(known)}); the whole package is off")
     return frozenset(names), None
 
 
