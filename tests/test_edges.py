@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from importlib.util import find_spec
 
 import pytest
 
@@ -462,6 +463,21 @@ def test_a_warning_names_the_callers_line_not_ours(tmp_path):
     seen = {message.split()[1].split("=")[0]: (filename, number)
             for filename, number, message in caught}
     assert seen == {name: (str(script), lines[where]) for name, where in wanted.items()}
+
+
+@needs_nvrx
+def test_a_warning_under_python_m_nvrx_ipc_fix_names_no_line_of_runpy():
+    """``python -m nvrx_ipc_fix`` runs no code of the user's: a setting's warning names the
+    package's ``__main__.py``, where the command entered it, not ``<frozen runpy>:88``."""
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "status", "--json"],
+                               env={"NVRX_IPC_FIX_LOG_LEVEL": "loud",
+                                    "NVRX_IPC_FIX_STRATEGY": "nuke"}, fresh=True)
+    assert rc == 0, err
+    main = os.path.join(os.path.dirname(find_spec("nvrx_ipc_fix").origin), "__main__.py")
+    warned = [line for line in err.splitlines() if ": RuntimeWarning: " in line]
+    assert len(warned) == 2, err
+    for line in warned:
+        assert line.startswith(f"{main}:") and "runpy" not in line, line
 
 
 #: Each line imports a module that the package patches (the second must not warn again).

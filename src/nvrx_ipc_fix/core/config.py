@@ -130,8 +130,7 @@ def _holder():
         frame = sys._getframe(1)
         while frame is not None and (_ours(frame.f_code.co_filename) or _internal(frame)):
             frame = frame.f_back
-        if frame is not None and os.path.basename(frame.f_code.co_filename) in (
-                "<frozen runpy>", "runpy.py"):
+        if frame is not None and _runpy(frame):
             return "when `python -m` imported nvrx_ipc_fix"
     return None
 
@@ -189,22 +188,32 @@ def _internal(frame):
     return "importlib" in name and "_bootstrap" in name
 
 
+def _runpy(frame):
+    """A frame of ``runpy``, which runs ``python -m``'s module (never the user's line)."""
+    return os.path.basename(frame.f_code.co_filename) in ("<frozen runpy>", "runpy.py")
+
+
 def _caller_level():
     """``warnings.warn``'s ``stacklevel`` for the first frame outside this package (and
-    ``_PAST``), so that a warning names the user's line (``import nvrx_ipc_fix``,
-    ``release()``, the call into NVRx), whichever of our functions read the setting.
-    Counted as ``warnings`` counts: frames of importlib's bootstrap are skipped and not
-    counted. 2 where the stack cannot be read."""
+    ``_PAST``) and ``runpy``, so that a warning names the user's line (``import
+    nvrx_ipc_fix``, ``release()``, the call into NVRx), whichever of our functions read the
+    setting. Where there is none (``python -m nvrx_ipc_fix``: runpy runs the package), the
+    outermost frame of the package's, where the command entered it. Counted as ``warnings``
+    counts: frames of importlib's bootstrap are skipped and not counted. 2 where the stack
+    cannot be read."""
     import sys
 
     try:
         frame, level = sys._getframe(2), 2  # 1: warn, which calls warnings.warn
-        while frame is not None and _ours(frame.f_code.co_filename):
+        entered = 2
+        while frame is not None and (_ours(frame.f_code.co_filename) or _runpy(frame)):
+            if not _runpy(frame):
+                entered = level
             frame = frame.f_back
             while frame is not None and _internal(frame):
                 frame = frame.f_back
             level += 1
-        return level
+        return level if frame is not None else entered
     except Exception:  # no frames (another Python): the caller of the reader
         return 2
 
