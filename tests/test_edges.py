@@ -475,7 +475,8 @@ def test_a_warning_under_python_m_nvrx_ipc_fix_names_no_line_of_runpy():
     assert rc == 0, err
     main = os.path.join(os.path.dirname(find_spec("nvrx_ipc_fix").origin), "__main__.py")
     warned = [line for line in err.splitlines() if ": RuntimeWarning: " in line]
-    assert len(warned) == 2, err
+    # the strategy is read only where NVRx has the cache (the automatic release's state)
+    assert len(warned) == (2 if expect("cache") else 1), err
     for line in warned:
         assert line.startswith(f"{main}:") and "runpy" not in line, line
 
