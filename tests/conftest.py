@@ -475,7 +475,8 @@ def _check_loadgroup(config):
 
 # -- what the tests cost (tests/costs.py) ------------------------------------------------------
 
-_durations = {}  # test id -> seconds (setup, call and teardown)
+_durations = {}  # test id -> seconds (setup, call and teardown); a module skipped or failed
+# at collection counts as one, as pytest's counts do
 _own_costs_file = None  # the records' file this session made (removed at its end)
 
 
@@ -507,6 +508,11 @@ def pytest_collection_finish(session):
 
 def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_collectreport(report):
+    if not report.passed:  # xdist's controller sees only these, once each
+        _durations.setdefault(report.nodeid, getattr(report, "duration", None) or 0.0)
 
 
 def pytest_terminal_summary(terminalreporter):

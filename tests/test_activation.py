@@ -429,3 +429,49 @@ def test_install_wheel_keeps_one_version_and_names_the_ones_it_knows(tmp_path):
     rc, out, err = run_process([*script, "nvidia-resiliency-ext==0.8.0"])
     assert rc == 2 and "no wheel known for nvidia-resiliency-ext==0.8.0" in err
     assert "nvidia-resiliency-ext==0.7.0" in err and "Traceback" not in err
+
+
+#: Stands for Python in the demo's venv: records its arguments and the index settings pip sees.
+RECORDING_PYTHON = """#!/bin/sh
+{ echo "ARGS $*"; env | grep -E '^PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS)=' | sort; } >> "$DEMO_LOG"
+"""
+
+
+@pytest.mark.parametrize("given, pip_sees", [
+    ({"UV_EXTRA_INDEX_URL": "https://download.pytorch.org/whl/cpu",
+      "UV_INDEX_URL": "https://mirror.example/simple", "UV_FIND_LINKS": "/srv/wheels"},
+     {"PIP_EXTRA_INDEX_URL": "https://download.pytorch.org/whl/cpu",
+      "PIP_INDEX_URL": "https://mirror.example/simple", "PIP_FIND_LINKS": "/srv/wheels"}),
+    ({"UV_DEFAULT_INDEX": "https://mirror.example/simple",
+      "UV_INDEX": "pytorch=https://download.pytorch.org/whl/cpu https://other.example/simple"},
+     {"PIP_INDEX_URL": "https://mirror.example/simple",
+      "PIP_EXTRA_INDEX_URL": "https://download.pytorch.org/whl/cpu https://other.example/simple"}),
+    ({"PIP_EXTRA_INDEX_URL": "https://pip.example/simple",
+      "UV_EXTRA_INDEX_URL": "https://download.pytorch.org/whl/cpu"},  # pip's own comes first
+     {"PIP_EXTRA_INDEX_URL": "https://pip.example/simple"}),
+], ids=["uv", "uv-index", "pip-first"])
+def test_the_demo_installs_with_pip_where_pip_or_uv_is_told_to_look(tmp_path, given, pip_sees):
+    """scripts/demo installs torch's CPU build with pip: it honours pip's PIP_INDEX_URL,
+    PIP_EXTRA_INDEX_URL and PIP_FIND_LINKS, and where they are unset uv's (the variables
+    docs/testing.md gives for scripts/test)."""
+    root = tmp_path / "clone"
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "demo").write_text((ROOT / "scripts" / "demo").read_text())
+    (root / "scripts" / "demo").chmod(0o755)
+    bin_dir = tmp_path / "bin"  # python3.11 -m venv .venv-demo: the recording Python
+    bin_dir.mkdir()
+    (bin_dir / "python3.11").write_text(
+        '#!/bin/sh\nmkdir -p "$3/bin"\ncat > "$3/bin/python" <<"END"\n'
+        + RECORDING_PYTHON + 'END\nchmod +x "$3/bin/python"\n')
+    (bin_dir / "python3.11").chmod(0o755)
+    log = tmp_path / "log"
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DEMO_LOG": str(log),
+           "PIP_INDEX_URL": "", "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "", **given}
+    env.update({k: "" for k in ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL",
+                                "UV_INDEX", "UV_FIND_LINKS") if k not in given})
+    rc, out, err = run_process([str(root / "scripts" / "demo")], env=env)
+    assert rc == 0, out + err
+    runs = log.read_text().split("ARGS ")[1:]
+    torch = next(run for run in runs if "requirements/torch-cpu.txt" in run)
+    seen = dict(line.split("=", 1) for line in torch.splitlines()[1:])
+    assert {k: v for k, v in seen.items() if v} == pip_sees

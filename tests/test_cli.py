@@ -7,6 +7,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -27,13 +28,13 @@ def test_json_status_matches_the_installed_nvrx():
     assert status["activated"] and status["source"] == "import"
     fixes = {f["name"]: f["state"] for f in status["fixes"]}
     watch = fixes.pop("worker_watch"), fixes.pop("mcore_worker_watch")
-    assert watch == ("pending" if NVRX is None else "active",
+    assert watch == ("not_applicable" if NVRX is None else "active",
                      "pending" if MCORE else "not_applicable")
-    assert fixes.pop("prewarm") == ("pending" if NVRX is None else
+    assert fixes.pop("prewarm") == ("not_applicable" if NVRX is None else
                                     "active" if EXPECT[NVRX]["warmup"] else "not_applicable")
-    if NVRX is None:
-        assert fixes == {"clear_on_close": "pending", "stale_guard": "pending",
-                         "release_on_offload": "not_applicable", "suspend": "pending"}
+    if NVRX is None:  # nothing to wait for (test_a_target_waits_only_for_what_is_installed)
+        assert fixes == {"clear_on_close": "not_applicable", "stale_guard": "not_applicable",
+                         "release_on_offload": "not_applicable", "suspend": "not_applicable"}
         assert all("not installed" in t["reason"] for t in status["targets"]
                    if t["target"].startswith("nvidia_resiliency_ext"))
     elif not EXPECT[NVRX]["cache"]:
@@ -54,10 +55,46 @@ def test_table_and_no_import():
     assert table.startswith("nvrx-ipc-fix ") and "clear_on_close" in table
     status = json.loads(cli("status", "--json", "--no-import"))
     core = [t for t in status["targets"] if t["target"].startswith("nvidia_resiliency_ext")]
-    assert {t["state"] for t in core} == {"pending"}
+    assert {t["state"] for t in core} == {"pending" if NVRX else "not_applicable"}
     rows = cli("--no-import").split("\ntargets:\n")[1].split("\n\n")[0].splitlines()
     assert [row.split()[:3] for row in rows] == [[t["fix"], t["target"], t["state"]]
                                                  for t in status["targets"]]  # a fix column
+
+
+#: The distribution that ships each target module (NeMo RL's and slime's: none named).
+SHIPPED_BY = (("nvidia_resiliency_ext.", "nvidia-resiliency-ext"),
+              ("megatron.bridge.", "megatron-bridge"), ("megatron.", "megatron-core"))
+
+
+def _installed(dist):
+    try:
+        return metadata.version(dist) is not None
+    except metadata.PackageNotFoundError:
+        return False
+
+
+def test_a_target_waits_only_for_what_is_installed():
+    """One rule for every target before its module is imported (docs/verify.md, "The
+    states"): ``not_applicable`` where the fix cannot apply (the distribution that ships the
+    module is not installed, or NVRx has no IPC cache for the targets that need it), else
+    ``pending``. With megatron-core absent, its targets were ``not_applicable`` for
+    worker_watch and mcore_worker_watch but ``pending`` for clear_on_close and
+    release_on_offload; with NVRx absent, NVRx's were ``pending``."""
+    status = json.loads(cli("status", "--json", "--no-import"))
+    for target in status["targets"]:
+        module = target["target"].split(":")[0]
+        dist = next((d for prefix, d in SHIPPED_BY if module.startswith(prefix)), None)
+        if target["fix"] in ("clear_on_close", "release_on_offload") and \
+                not module.startswith("nvidia_resiliency_ext."):  # they need NVRx's cache
+            if NVRX is None:
+                dist = "nvidia-resiliency-ext"
+            elif not EXPECT[NVRX]["cache"]:
+                assert (target["state"], target["reason"]) == (
+                    "not_applicable", f"NVRx {NVRX} has no IPC tensor cache (added in 0.6.0)")
+                continue
+        wanted = (("not_applicable", f"{dist} is not installed") if dist and not _installed(dist)
+                  else ("pending", f"waiting for `import {module}`"))
+        assert (target["state"], target["reason"]) == wanted, target
 
 
 @pytest.mark.once  # the same with any NVRx and wrapt
@@ -299,7 +336,8 @@ def test_json_before_or_after_the_sub_command(tmp_path):
         assert rc == 0 and json.loads(out)["version"], (args, out, err)
     rc, out, err = run("--no-import", "status", "--json")
     assert {t["state"] for t in json.loads(out)["targets"]
-            if t["target"].startswith("nvidia_resiliency_ext")} == {"pending"}
+            if t["target"].startswith("nvidia_resiliency_ext")} == {
+        "pending" if NVRX else "not_applicable"}
     fake = tmp_path / "python2.7"
     fake.write_text(PYTHON27.format(python=sys.executable))
     fake.chmod(0o755)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from importlib.util import find_spec
 
 import pytest
 
@@ -21,6 +22,7 @@ NAN, INF = "nan", "inf"
 ENV_CASES = [
     # the kill switch: understood values, else the whole package is off
     ("NVRX_IPC_FIX_DISABLE", "", "on", False),
+    ("NVRX_IPC_FIX_DISABLE", " \t ", "on", False),  # blank: as unset, as for every variable
     ("NVRX_IPC_FIX_DISABLE", " No ", "on", False),
     ("NVRX_IPC_FIX_DISABLE", "OFF", "on", False),
     ("NVRX_IPC_FIX_DISABLE", "1", "off", False),
@@ -30,13 +32,23 @@ ENV_CASES = [
      False),
     ("NVRX_IPC_FIX_DISABLE", "stale_gaurd", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "stale_guard,bogus", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "STALE_GUARD", "on: stale_guard", False),
     ("NVRX_IPC_FIX_DISABLE", ",", "off", True),
+    # an empty item is not a fix name, wherever it is: one rule with "," (issue 37)
+    ("NVRX_IPC_FIX_DISABLE", "stale_guard,,", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "stale_guard, ", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", ",stale_guard", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "clear_on_close,,stale_guard", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", " , ,", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", ",,", "off", True),
+    ("NVRX_IPC_FIX_DISABLE", "1,stale_guard", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "2", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "-1", "off", True),
     ("NVRX_IPC_FIX_DISABLE", INF, "off", True),
     ("NVRX_IPC_FIX_DISABLE", "ja", "off", True),
     # start-up activation: a value that is not understood turns it off too
     ("NVRX_IPC_FIX_AUTO", "", True, False),
+    ("NVRX_IPC_FIX_AUTO", "  ", True, False),
     ("NVRX_IPC_FIX_AUTO", "ON", True, False),
     ("NVRX_IPC_FIX_AUTO", " 0 ", False, False),
     ("NVRX_IPC_FIX_AUTO", "maybe", False, True),
@@ -45,12 +57,17 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_STRATEGY", "TERMINATE", "terminate", False),
     ("NVRX_IPC_FIX_STRATEGY", " Restart ", "restart", False),
     ("NVRX_IPC_FIX_STRATEGY", "", "flush", False),
+    ("NVRX_IPC_FIX_STRATEGY", " ", "flush", False),
     ("NVRX_IPC_FIX_STRATEGY", "nuke", "flush", True),
     ("NVRX_IPC_FIX_RELEASE", "Finalize", "finalize", False),
     ("NVRX_IPC_FIX_RELEASE", "OFF", "never", False),
     ("NVRX_IPC_FIX_RELEASE", "none", "never", False),
     ("NVRX_IPC_FIX_RELEASE", "sometimes", "offload", True),
+    ("NVRX_IPC_FIX_RELEASE", "", "offload", False),
+    ("NVRX_IPC_FIX_RELEASE", " \t", "offload", False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "", 60.0, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "  ", 60.0, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "INF", INF, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "0.5", 0.5, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", INF, INF, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1e400", INF, False),  # parses as inf
@@ -61,25 +78,31 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "-inf", 60.0, True),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "soon", 60.0, True),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "", 300.0, False),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", " ", 300.0, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "0", INF, False),  # off
     ("NVRX_IPC_FIX_STALL_TIMEOUT", INF, INF, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "2.5", 2.5, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", NAN, 300.0, True),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "-1", 300.0, True),
     ("NVRX_IPC_FIX_PIN", "", True, False),
+    ("NVRX_IPC_FIX_PIN", "  ", True, False),
     ("NVRX_IPC_FIX_PIN", " OFF ", False, False),
     ("NVRX_IPC_FIX_PIN", "never", False, False),
     ("NVRX_IPC_FIX_PIN", "maybe", True, True),  # "using on", and on it is
     ("NVRX_IPC_FIX_PIN", NAN, True, True),
     ("NVRX_IPC_FIX_STANDBY", "", True, False),
+    ("NVRX_IPC_FIX_STANDBY", " ", True, False),
     ("NVRX_IPC_FIX_STANDBY", " Off", False, False),
     ("NVRX_IPC_FIX_STANDBY", "0", False, False),
     ("NVRX_IPC_FIX_STANDBY", "-1", True, True),
     ("NVRX_IPC_FIX_STANDBY", INF, True, True),
     ("NVRX_IPC_FIX_PREWARM", "Start", True, False),
     ("NVRX_IPC_FIX_PREWARM", "", False, False),
+    ("NVRX_IPC_FIX_PREWARM", "  ", False, False),
     ("NVRX_IPC_FIX_PREWARM", "maybe", False, True),
     ("NVRX_IPC_FIX_LOG_LEVEL", "DEBUG", "debug", False),
+    ("NVRX_IPC_FIX_LOG_LEVEL", "", None, False),
+    ("NVRX_IPC_FIX_LOG_LEVEL", " ", None, False),
     ("NVRX_IPC_FIX_LOG_LEVEL", "loud", None, True),
 ]
 
@@ -124,7 +147,7 @@ def test_every_environment_variable_at_its_edges():
         assert warnings == int(warns), (name, value, warnings)
 
 
-@pytest.mark.parametrize("value", ["stale_gaurd", "2", ","])
+@pytest.mark.parametrize("value", ["stale_gaurd", "2", ",", "stale_guard,,"])
 def test_a_kill_switch_it_does_not_understand_turns_the_package_off(value):
     rc, out, err = run_process([sys.executable, "-c", (
         "import json, nvrx_ipc_fix; s = nvrx_ipc_fix.activate();"
@@ -440,6 +463,22 @@ def test_a_warning_names_the_callers_line_not_ours(tmp_path):
     seen = {message.split()[1].split("=")[0]: (filename, number)
             for filename, number, message in caught}
     assert seen == {name: (str(script), lines[where]) for name, where in wanted.items()}
+
+
+@needs_nvrx
+def test_a_warning_under_python_m_nvrx_ipc_fix_names_no_line_of_runpy():
+    """``python -m nvrx_ipc_fix`` runs no code of the user's: a setting's warning names the
+    package's ``__main__.py``, where the command entered it, not ``<frozen runpy>:88``."""
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "status", "--json"],
+                               env={"NVRX_IPC_FIX_LOG_LEVEL": "loud",
+                                    "NVRX_IPC_FIX_STRATEGY": "nuke"}, fresh=True)
+    assert rc == 0, err
+    main = os.path.join(os.path.dirname(find_spec("nvrx_ipc_fix").origin), "__main__.py")
+    warned = [line for line in err.splitlines() if ": RuntimeWarning: " in line]
+    # the strategy is read only where NVRx has the cache (the automatic release's state)
+    assert len(warned) == (2 if expect("cache") else 1), err
+    for line in warned:
+        assert line.startswith(f"{main}:") and "runpy" not in line, line
 
 
 #: Each line imports a module that the package patches (the second must not warn again).

@@ -91,8 +91,9 @@ def expected_state(active, imported, key):
         return "pending" if MCORE else "not_applicable"  # megatron-core: never imported here
     if fix == "worker_watch" and module == BRIDGE:
         return "pending" if BRIDGE_DIST else "not_applicable"
-    if module not in (CORE, FS):  # Megatron, Bridge and NeMo RL targets: not installed here
-        return "pending" if expect("cache") else "not_applicable"
+    if module not in (CORE, FS):  # Megatron, Bridge and NeMo RL targets: never imported here
+        installed = {MEGATRON: MCORE, BRIDGE: BRIDGE_DIST}.get(module, True)  # NeMo RL: no dist
+        return "pending" if expect("cache") and installed else "not_applicable"
     if not imported:
         return "pending"
     if fix == "worker_watch":

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", default=default, help="print JSON")
         if p is not doctor:
             p.add_argument("--no-import", action="store_true", default=default,
-                           help="do not import NVRx first (targets stay 'pending')")
+                           help="do not import NVRx first (its targets stay 'pending')")
     doctor.add_argument("--python", metavar="PATH",
                         help="check processes of that interpreter instead (a Ray "
                              "py_executable, a NeMo RL actor venv's bin/python), started with "

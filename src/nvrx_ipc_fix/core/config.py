@@ -1,9 +1,10 @@
 """Every ``NVRX_IPC_FIX_*`` environment variable: name, default, parser.
 
 Values are read when they are needed, so a launcher or a test can change them between
-activations. Case and surrounding blanks do not matter. An invalid value gives one
-``RuntimeWarning`` (shown on stderr by default, unlike our logger) and the default, except
-for the two switches, where a value that is not understood turns the thing off.
+activations. Case and surrounding blanks do not matter, and an empty or blank value is the
+same as unset: the default. An invalid value gives one ``RuntimeWarning`` (shown on stderr by
+default, unlike our logger) and the default, except for the two switches, where a value that
+is not understood turns the thing off.
 A warning about a value read during start-up activation (which every process of the
 environment runs) waits until a module the package patches is imported, and is dropped in
 processes that never import one. ``SETTINGS`` lists every variable with its parser, which
@@ -17,7 +18,8 @@ from . import state as _state
 
 #: ``1``/``true``/``yes``/``on`` turns the package off; a comma list of fix names
 #: (``clear_on_close,stale_guard``) turns off only those fixes. Any other value turns the
-#: whole package off too (with a warning): a kill switch errs on the side of off.
+#: whole package off too (with a warning): a kill switch errs on the side of off. An empty
+#: item (``,``, ``stale_guard,,``) names no fix, so is not understood either.
 DISABLE = "NVRX_IPC_FIX_DISABLE"
 #: ``0``/``false``/``no``/``off`` turns start-up activation (the ``.pth`` file, the
 #: sitecustomize fallback) off; ``import nvrx_ipc_fix``, ``activate()`` and the Ray hook still
@@ -128,8 +130,7 @@ def _holder():
         frame = sys._getframe(1)
         while frame is not None and (_ours(frame.f_code.co_filename) or _internal(frame)):
             frame = frame.f_back
-        if frame is not None and os.path.basename(frame.f_code.co_filename) in (
-                "<frozen runpy>", "runpy.py"):
+        if frame is not None and _runpy(frame):
             return "when `python -m` imported nvrx_ipc_fix"
     return None
 
@@ -187,22 +188,32 @@ def _internal(frame):
     return "importlib" in name and "_bootstrap" in name
 
 
+def _runpy(frame):
+    """A frame of ``runpy``, which runs ``python -m``'s module (never the user's line)."""
+    return os.path.basename(frame.f_code.co_filename) in ("<frozen runpy>", "runpy.py")
+
+
 def _caller_level():
     """``warnings.warn``'s ``stacklevel`` for the first frame outside this package (and
-    ``_PAST``), so that a warning names the user's line (``import nvrx_ipc_fix``,
-    ``release()``, the call into NVRx), whichever of our functions read the setting.
-    Counted as ``warnings`` counts: frames of importlib's bootstrap are skipped and not
-    counted. 2 where the stack cannot be read."""
+    ``_PAST``) and ``runpy``, so that a warning names the user's line (``import
+    nvrx_ipc_fix``, ``release()``, the call into NVRx), whichever of our functions read the
+    setting. Where there is none (``python -m nvrx_ipc_fix``: runpy runs the package), the
+    outermost frame of the package's, where the command entered it. Counted as ``warnings``
+    counts: frames of importlib's bootstrap are skipped and not counted. 2 where the stack
+    cannot be read."""
     import sys
 
     try:
         frame, level = sys._getframe(2), 2  # 1: warn, which calls warnings.warn
-        while frame is not None and _ours(frame.f_code.co_filename):
+        entered = 2
+        while frame is not None and (_ours(frame.f_code.co_filename) or _runpy(frame)):
+            if not _runpy(frame):
+                entered = level
             frame = frame.f_back
             while frame is not None and _internal(frame):
                 frame = frame.f_back
             level += 1
-        return level
+        return level if frame is not None else entered
     except Exception:  # no frames (another Python): the caller of the reader
         return 2
 
@@ -234,11 +245,12 @@ def _parse_disable(raw, known=None):
         return frozenset(), None
     if raw in _TRUE:
         return None, None
-    names = {part.strip() for part in raw.split(",") if part.strip()}
-    unknown = sorted(names.difference(known))
-    if unknown or not names:
-        return None, (f"is not understood (unknown: {', '.join(unknown) or repr(raw)}; "
-                      f"use 1, or a comma list of {', '.join(known)}); the whole package is off")
+    names = [part.strip() for part in raw.split(",")]
+    unknown = sorted(set(names).difference(known))  # "": an empty item, as in ","
+    if unknown:
+        return None, (f"is not understood (unknown: "
+                      f"{', '.join(name or 'an empty item' for name in unknown)}; use 1, or a "
+                      f"comma list of {', '.join(known)}); the whole package is off")
     return frozenset(names), None
 
 

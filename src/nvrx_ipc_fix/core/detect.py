@@ -16,9 +16,12 @@ FIRST_CACHING_RELEASE = (0, 6, 0)
 #: The newest release of each distribution the package was tested with (the tox matrix and
 #: the GPU runs). A newer one is "untested": the fixes still apply where their probes pass.
 TESTED = {NVRX_DIST: "0.7.0", MCORE_DIST: "0.19.2"}
-#: Which distribution ships the target modules that start so.
-_SHIPPED_BY = (("nvidia_resiliency_ext.", NVRX_DIST), ("megatron.core.", MCORE_DIST),
-               ("megatron.training.", MCORE_DIST))
+#: Which distribution ships the target modules that start so. A target whose distribution is
+#: not installed is ``not_applicable`` until its module is imported all the same (a checkout
+#: on ``PYTHONPATH``). NeMo RL and slime, often run from a checkout, are not named: their
+#: targets stay ``pending``.
+_SHIPPED_BY = (("nvidia_resiliency_ext.", NVRX_DIST), ("megatron.bridge.", "megatron-bridge"),
+               ("megatron.core.", MCORE_DIST), ("megatron.training.", MCORE_DIST))
 
 
 def distribution_version(name: str) -> str | None:
@@ -91,9 +94,15 @@ def release_has_cache(version: str | None) -> bool | None:
     return parsed.release[:3] >= FIRST_CACHING_RELEASE
 
 
+def distribution_of(module_name: str) -> str | None:
+    """The distribution that ships target module ``module_name``, or ``None``."""
+    return next((dist for prefix, dist in _SHIPPED_BY if module_name.startswith(prefix)), None)
+
+
 def shipped_by(module_name: str) -> str | None:
     """The distribution in ``TESTED`` that ships module ``module_name``, or ``None``."""
-    return next((dist for prefix, dist in _SHIPPED_BY if module_name.startswith(prefix)), None)
+    dist = distribution_of(module_name)
+    return dist if dist in TESTED else None
 
 
 def untested(dist: str, version: str | None) -> bool:

@@ -460,9 +460,7 @@ def _target_state(target, State):
     known = target.applies(None)
     if known is not None and known[0] != "active":
         return State(known[0]), known[1]
-    reason = f"waiting for `import {target.module}`"
-    if target.module.startswith("nvidia_resiliency_ext.") and not _detect.distribution_version(
-        _detect.NVRX_DIST
-    ):
-        reason += " (nvidia-resiliency-ext is not installed)"
-    return State.PENDING, reason
+    dist = _detect.distribution_of(target.module)
+    if dist is not None and not _detect.distribution_version(dist):
+        return State.NOT_APPLICABLE, f"{dist} is not installed"
+    return State.PENDING, f"waiting for `import {target.module}`"

@@ -89,13 +89,6 @@ def persistent_worker(module):
                       "the failed save; stalls are logged")
 
 
-def mcore_persistent_worker(module):
-    """megatron-core: as ``persistent_worker``; without megatron-core, not applicable."""
-    if module is None and distribution_version("megatron-core") is None:
-        return "not_applicable", "megatron-core is not installed"
-    return persistent_worker(module)
-
-
 def _upstream_error(module):
     """Does ``module`` define its own ``PersistentAsyncWorkerError`` (not this package's)?"""
     found = vars(module).get("PersistentAsyncWorkerError")

@@ -19,7 +19,7 @@ class State(str, enum.Enum):
     ACTIVE = "active"  # patched; the fix runs
     PENDING = "pending"  # waiting for the target module to be imported
     FIXED_UPSTREAM = "fixed_upstream"  # this NVRx already does it; nothing installed
-    NOT_APPLICABLE = "not_applicable"  # this NVRx (or its absence) cannot have the bug
+    NOT_APPLICABLE = "not_applicable"  # this version cannot have the bug, or is not installed
     UNSUPPORTED = "unsupported"  # the code differs from what the fix expects; not patched
     DISABLED = "disabled"  # turned off (environment or deactivate())
     ERROR = "error"  # patching or a hook failed; the original runs

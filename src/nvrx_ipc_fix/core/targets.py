@@ -5,11 +5,16 @@ Each target names a module, a dotted attribute inside it, its wrapt-style wrappe
 leading parameters the original must have, and a probe that decides, once the module is
 imported, whether the fix applies (``shapes``: what NVRx's and megatron-core's code has).
 Only standard-library names are imported here.
+
+Until the module is imported, a probe (given ``None``) decides only where the fix cannot
+apply whatever the module will hold (an installed NVRx without the IPC cache, a setting);
+else it returns ``None``. ``status()`` then says ``not_applicable`` where the distribution
+that ships the module is not installed (``detect.distribution_of``), else ``pending``.
 """
 
-from .detect import CORE, FS, distribution_version
-from .shapes import (mcore_persistent_worker, nvrx_worker_cache, persistent_worker, warm_up,
-                     worker_cache, worker_loop, writer_cache)
+from .detect import CORE, FS
+from .shapes import (nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop,
+                     writer_cache)
 
 #: Fix name -> what it does, in one line.
 FIXES = {
@@ -30,17 +35,12 @@ FIXES = {
 }
 
 
-def framework_queue(dist):
-    """Megatron (``dist`` megatron-core) and Bridge (megatron-bridge): their
-    ``maybe_finalize_async_save`` closes NVRx's or megatron-core's queue, whose worker the
-    watch watches."""
-    def applies(module):
-        if module is None:
-            if distribution_version(dist) is None:
-                return "not_applicable", f"{dist} is not installed"
-            return None  # decided once the module is imported
-        return "active", "a terminate that meets a failed save still closes the queue, then raises"
-    return applies
+def framework_queue(module):
+    """Megatron and Bridge: their ``maybe_finalize_async_save`` closes NVRx's or
+    megatron-core's queue, whose worker the watch watches."""
+    if module is None:
+        return None  # decided once the module is imported
+    return "active", "a terminate that meets a failed save still closes the queue, then raises"
 
 
 def release_policy(module):
@@ -114,7 +114,7 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
            "fixes.worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
            worker_loop, optional=True),
-) + _watch("mcore_worker_watch", MCORE_ASYNC, mcore_persistent_worker) + (
+) + _watch("mcore_worker_watch", MCORE_ASYNC, persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
            "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
     Target("clear_on_close", MEGATRON, "maybe_finalize_async_save",
@@ -163,8 +163,7 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
                            (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
 ) + tuple(  # a terminate that meets a failed save still closes: outside clear_on_close's
     Target("worker_watch", module, "maybe_finalize_async_save",
-           "fixes.worker_watch:terminate_wrapper", params, framework_queue(dist), aliases=True)
-    for module, dist, params in (
-        (MEGATRON, "megatron-core", ("blocking", "terminate")),
-        (BRIDGE, "megatron-bridge", ("global_state", "ckpt_cfg", "blocking", "terminate")))
+           "fixes.worker_watch:terminate_wrapper", params, framework_queue, aliases=True)
+    for module, params in ((MEGATRON, ("blocking", "terminate")),
+                           (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
 )

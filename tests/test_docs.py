@@ -1,0 +1,31 @@
+"""The layout the docs draw names what is in the sources: README's code layout line every
+subpackage, docs/how-it-works.md's code layout every module."""
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "nvrx_ipc_fix"
+SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+
+pytestmark = pytest.mark.once  # the sources and the docs: the same in every env
+
+
+def test_readme_s_layout_line_names_every_subpackage():
+    line = next(paragraph for paragraph in (ROOT / "README.md").read_text().split("\n\n")
+                if paragraph.startswith("Code layout:"))
+    assert [name for name in SUBPACKAGES if f"`{name}/`" not in line] == []
+
+
+def test_how_it_works_s_layout_names_every_module():
+    text = (ROOT / "docs" / "how-it-works.md").read_text()
+    layout = text.split("## Code layout", 1)[1].split("```", 2)[1]
+    blocks = dict(re.findall(r"^  (\w+)/ +(.*?)(?=^  \w+/|^src/_|\Z)", layout, re.M | re.S))
+    assert sorted(blocks) == SUBPACKAGES
+    missing = [f"{package}/{module.stem}.py" for package in SUBPACKAGES
+               for module in sorted((PACKAGE / package).glob("*.py"))
+               if module.stem != "__init__"
+               and not re.search(rf"\b{module.stem}\b", blocks[package])]
+    assert missing == []
