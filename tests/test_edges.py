@@ -109,7 +109,7 @@ ENV_CASES = [
 READ_ENV = """
     import json, os, warnings
     from nvrx_ipc_fix.core import config as _config
-    from nvrx_ipc_fix.core.targets import FIXES
+    from nvrx_ipc_fix.core.fix_names import FIXES
     def read(name):
         if name == _config.DISABLE:
             off = _config.disabled_fixes(tuple(FIXES))

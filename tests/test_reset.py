@@ -26,7 +26,7 @@ RESET = """
                 "requested": list(lifecycle._requested), "hooked": sorted(lifecycle._hooked),
                 "verdicts": len(lifecycle._verdicts), "patches": len(lifecycle._patches),
                 "hooks": sorted(hooks._hooks), "finder": hooks._FINDER in sys.meta_path,
-                "warned": len(config._warned), "errors": sorted(log.errors),
+                "warned": len(log._warned), "errors": sorted(log.errors),
                 "totals": dataclasses.asdict(cleanup.totals), "callers": len(workers._callers),
                 "finalize modes": len(workers._no_dist), "starts": len(prewarming._starts),
                 "sizes": len(prewarming._sizes), "released": len(release._released_at),

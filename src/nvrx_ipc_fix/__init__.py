@@ -23,7 +23,7 @@ _LAZY = {"State": "core.status", "Status": "core.status", "FixStatus": "core.sta
          "offloading": "features.release", "ReleaseReport": "core.release",
          "prewarm": "features.prewarm", "PrewarmReport": "core.prewarming",
          "CheckpointWorkerError": "core.errors", "PersistentAsyncWorkerError": "core.errors",
-         "ray_runtime_env": "core.ray"}
+         "ray_runtime_env": "ray_hook"}
 
 
 def ray_worker_setup():

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 from ..core import config as _config, detect as _detect
-from ..core.targets import FIXES
+from ..core.fix_names import FIXES
 
 PTH = "nvrx_ipc_fix.pth"
 FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "pending": "info",

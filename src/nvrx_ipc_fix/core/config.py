@@ -67,15 +67,16 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 _LEVELS = ("debug", "info", "warning", "error", "critical")
 _handler = None
-_warned = set()  # keys of the warnings given in this process (settings: (name, raw))
 _held = {}  # (name, raw) -> the warning held back until a target module is imported
 _held_hooked = False  # _show_held is registered on the target modules
 _quiet = False  # doctor: no warnings about settings
 
 
 def _invalid(name, raw, why):
+    from .log import warn, warned
+
     key = (name, raw)
-    if _quiet or key in _warned:
+    if _quiet or warned(key):
         return
     read = _holder()
     if read:
@@ -85,30 +86,6 @@ def _invalid(name, raw, why):
         return
     _held.pop(key, None)
     warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", key)
-
-
-def warn(message, *keys):
-    """One ``RuntimeWarning`` per process for ``keys``, attributed to the user's line
-    (``_caller_level``): given, and ``True`` returned, when any of ``keys`` is new (all are
-    then recorded). It never raises: where a warnings filter makes it an exception (``-W
-    error``), the message goes to stderr instead, so that no warning breaks the import or the
-    call it is about."""
-    if _warned.issuperset(keys):
-        return False
-    _warned.update(keys)
-    import warnings
-
-    try:
-        warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
-    except Exception:
-        import sys
-
-        try:
-            sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
-                             f"breaks the program it patches): {message}\n")
-        except Exception:  # no stderr
-            pass
-    return True
 
 
 def _holder():
@@ -127,6 +104,8 @@ def _holder():
         return f"at start-up by nvrx-ipc-fix's sitecustomize ({where or how})"
     package = sys.modules.get(__name__.partition(".")[0])
     if getattr(getattr(package, "__spec__", None), "_initializing", False):
+        from .log import _internal, _ours, _runpy
+
         frame = sys._getframe(1)
         while frame is not None and (_ours(frame.f_code.co_filename) or _internal(frame)):
             frame = frame.f_back
@@ -142,14 +121,16 @@ def _hold(key, message):
     if not _held_hooked:
         _held_hooked = True
         from . import hooks
-        from .targets import TARGETS
+        from .detect import MODULES
 
-        for module in dict.fromkeys(t.module for t in TARGETS):
+        for module in MODULES:
             hooks.when_imported(module, _show_held)
 
 
 def _show_held(_module):
     """Warn about the settings held back, once each: a target module was just imported."""
+    from .log import warn
+
     for key in list(_held):
         message = _held.pop(key, None)
         if message is not None and not _quiet:
@@ -162,60 +143,6 @@ def quiet():
     global _quiet
     _quiet = True
     _held.clear()
-
-
-#: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
-#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass);
-#: ``importlib.import_module`` imports a target module on the user's behalf.
-_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron", "importlib")
-
-
-def _ours(filename):
-    """Is ``filename`` this package, its start-up module, or one of ``_PAST``?"""
-    import sys
-
-    roots = [os.path.dirname(os.path.dirname(__file__))]  # the package (core/..)
-    for name in _PAST:
-        roots += list(getattr(sys.modules.get(name), "__path__", None) or ())
-    return (os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.")
-            or any(isinstance(root, str) and filename.startswith(os.path.join(root, ""))
-                   for root in roots))
-
-
-def _internal(frame):
-    """A frame of importlib's bootstrap (``warnings`` neither shows nor counts them)."""
-    name = frame.f_code.co_filename
-    return "importlib" in name and "_bootstrap" in name
-
-
-def _runpy(frame):
-    """A frame of ``runpy``, which runs ``python -m``'s module (never the user's line)."""
-    return os.path.basename(frame.f_code.co_filename) in ("<frozen runpy>", "runpy.py")
-
-
-def _caller_level():
-    """``warnings.warn``'s ``stacklevel`` for the first frame outside this package (and
-    ``_PAST``) and ``runpy``, so that a warning names the user's line (``import
-    nvrx_ipc_fix``, ``release()``, the call into NVRx), whichever of our functions read the
-    setting. Where there is none (``python -m nvrx_ipc_fix``: runpy runs the package), the
-    outermost frame of the package's, where the command entered it. Counted as ``warnings``
-    counts: frames of importlib's bootstrap are skipped and not counted. 2 where the stack
-    cannot be read."""
-    import sys
-
-    try:
-        frame, level = sys._getframe(2), 2  # 1: warn, which calls warnings.warn
-        entered = 2
-        while frame is not None and (_ours(frame.f_code.co_filename) or _runpy(frame)):
-            if not _runpy(frame):
-                entered = level
-            frame = frame.f_back
-            while frame is not None and _internal(frame):
-                frame = frame.f_back
-            level += 1
-        return level if frame is not None else entered
-    except Exception:  # no frames (another Python): the caller of the reader
-        return 2
 
 
 def _raw(name):
@@ -238,7 +165,7 @@ def _read(name, parse, *args):
 
 def _parse_disable(raw, known=None):
     if known is None:
-        from .targets import FIXES
+        from .fix_names import FIXES
 
         known = tuple(FIXES)
     if raw in _FALSE:
@@ -461,5 +388,4 @@ def _reset():
         logger.removeHandler(_handler)
         logger.setLevel("NOTSET")
     _handler, _held_hooked, _quiet = None, False, False
-    _warned.clear()
     _held.clear()

@@ -11,6 +11,15 @@ NVRX_DIST = "nvidia-resiliency-ext"
 MCORE_DIST = "megatron-core"
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+MCORE_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
+MEGATRON = "megatron.training.async_utils"
+BRIDGE = "megatron.bridge.training.checkpointing"
+NEMO_POLICY = "nemo_rl.models.policy.workers.megatron_policy_worker"
+NEMO_VALUE = "nemo_rl.models.value.workers.megatron_value_worker"
+SLIME_ACTOR = "slime.backends.megatron_utils.actor"
+#: Every module a target of the table (``targets.TARGETS``) patches: what the warnings held
+#: back about settings wait for (a test checks it against the table).
+MODULES = (CORE, FS, MCORE_ASYNC, MEGATRON, BRIDGE, NEMO_POLICY, NEMO_VALUE, SLIME_ACTOR)
 #: First release with the IPC tensor cache.
 FIRST_CACHING_RELEASE = (0, 6, 0)
 #: The newest release of each distribution the package was tested with (the tox matrix and

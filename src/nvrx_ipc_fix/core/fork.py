@@ -31,8 +31,7 @@ def _run():
 
 
 def _failed(callback, target, exc):
-    from .config import warn
-    from .log import errors
+    from .log import errors, warn
 
     reason = f"after os.fork(), in the child: {callback.__qualname__} failed: " \
              f"{type(exc).__name__}: {exc}"

@@ -28,9 +28,9 @@ does not change what Python does to them.
 
 import sys
 
-from . import fork, shapes as _shapes
+from . import fork, shapes as _shapes, state as _state
 from .detect import CORE, FS
-from .targets import MCORE_ASYNC
+from .detect import MCORE_ASYNC
 
 _kept = []  # what the child dropped, kept from the garbage collector until it exits
 
@@ -50,9 +50,7 @@ def forget(callers):
 
 
 def _active():
-    from . import lifecycle
-
-    return lifecycle._active  # deactivated: NVRx's own behaviour
+    return _state.activated()  # deactivated: NVRx's own behaviour
 
 
 def _leave(processes):

@@ -21,8 +21,9 @@ import sys
 from _thread import RLock
 
 from . import config as _config, fork as _fork, hooks as _hooks, state as _state
-from .detect import CORE
-from .targets import FIXES, MCORE_ASYNC, TARGETS
+from .detect import CORE, MCORE_ASYNC
+from .fix_names import FIXES
+from .targets import TARGETS
 
 _lock = RLock()
 _active = False
@@ -163,6 +164,13 @@ def installed(fix, attr):
                                for t, p in _patches.items())
 
 
+def _activated():
+    return _active
+
+
+_state.installed, _state.activated = installed, _activated  # asked by modules below
+
+
 def _on_import(module):
     """Decide every target in ``module``, install what applies, then warn. What may import
     (the checks, wrapt, the fix modules, the distribution's version) runs before ``_lock``
@@ -188,7 +196,7 @@ def _on_import(module):
         from .log import logger
 
         for message, keys in notices:
-            if _config.warn(message, *keys):
+            if _log.warn(message, *keys):
                 logger.warning("%s", message)
 
 

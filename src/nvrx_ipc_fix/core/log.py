@@ -1,12 +1,15 @@
-"""The package logger (``nvrx_ipc_fix``, ``NullHandler`` by default), warn-once and hook errors.
+"""The package logger (``nvrx_ipc_fix``, ``NullHandler`` by default), warn-once, the
+``RuntimeWarning`` that names the user's line (``warn``), and hook errors.
 
-Imported only when something is logged, so that activation does not import ``logging``.
+Imported only when something is logged or warned, so that activation does not import
+``logging``. Imports ``state`` alone: every other module may deliver its warnings here.
 """
 
 import logging
+import os
 import threading
 
-from . import fork as _fork, state as _state
+from . import state as _state
 
 logger = logging.getLogger("nvrx_ipc_fix")
 logger.addHandler(logging.NullHandler())
@@ -20,7 +23,7 @@ def _fresh_lock():
     _lock = threading.Lock()
 
 
-_fork.in_child(_fresh_lock)
+os.register_at_fork(after_in_child=_fresh_lock)  # the parent's may be held by another thread
 
 #: Target name -> one-line reason of the last failure inside our hook code.
 errors = {}
@@ -39,8 +42,6 @@ def warn_once(key, msg, *args):
 def hook_failed(target, exc):
     """Record a failure inside hook code; the user's call goes on untouched. Said once per
     target and exception type, as a ``RuntimeWarning`` (shown by default) and on the logger."""
-    from .config import warn
-
     reason = f"{type(exc).__name__}: {exc}"
     errors[target] = reason
     key = ("hook", target, type(exc).__name__)
@@ -50,7 +51,94 @@ def hook_failed(target, exc):
     warn(message, key)
 
 
+_warned = set()  # keys of the RuntimeWarnings given in this process (settings: (name, raw))
+
+
+def warned(key):
+    """Has ``warn`` been given for ``key`` in this process?"""
+    return key in _warned
+
+
+def warn(message, *keys):
+    """One ``RuntimeWarning`` per process for ``keys``, attributed to the user's line
+    (``_caller_level``): given, and ``True`` returned, when any of ``keys`` is new (all are
+    then recorded). It never raises: where a warnings filter makes it an exception (``-W
+    error``), the message goes to stderr instead, so that no warning breaks the import or the
+    call it is about."""
+    if _warned.issuperset(keys):
+        return False
+    _warned.update(keys)
+    import warnings
+
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
+    except Exception:
+        import sys
+
+        try:
+            sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
+                             f"breaks the program it patches): {message}\n")
+        except Exception:  # no stderr
+            pass
+    return True
+
+
+#: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
+#: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass);
+#: ``importlib.import_module`` imports a target module on the user's behalf.
+_PAST = ("wrapt", "nvidia_resiliency_ext", "megatron", "importlib")
+
+
+def _ours(filename):
+    """Is ``filename`` this package, its start-up module, or one of ``_PAST``?"""
+    import sys
+
+    roots = [os.path.dirname(os.path.dirname(__file__))]  # the package (core/..)
+    for name in _PAST:
+        roots += list(getattr(sys.modules.get(name), "__path__", None) or ())
+    return (os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.")
+            or any(isinstance(root, str) and filename.startswith(os.path.join(root, ""))
+                   for root in roots))
+
+
+def _internal(frame):
+    """A frame of importlib's bootstrap (``warnings`` neither shows nor counts them)."""
+    name = frame.f_code.co_filename
+    return "importlib" in name and "_bootstrap" in name
+
+
+def _runpy(frame):
+    """A frame of ``runpy``, which runs ``python -m``'s module (never the user's line)."""
+    return os.path.basename(frame.f_code.co_filename) in ("<frozen runpy>", "runpy.py")
+
+
+def _caller_level():
+    """``warnings.warn``'s ``stacklevel`` for the first frame outside this package (and
+    ``_PAST``) and ``runpy``, so that a warning names the user's line (``import
+    nvrx_ipc_fix``, ``release()``, the call into NVRx), whichever of our functions read the
+    setting. Where there is none (``python -m nvrx_ipc_fix``: runpy runs the package), the
+    outermost frame of the package's, where the command entered it. Counted as ``warnings``
+    counts: frames of importlib's bootstrap are skipped and not counted. 2 where the stack
+    cannot be read."""
+    import sys
+
+    try:
+        frame, level = sys._getframe(2), 2  # 1: warn, which calls warnings.warn
+        entered = 2
+        while frame is not None and (_ours(frame.f_code.co_filename) or _runpy(frame)):
+            if not _runpy(frame):
+                entered = level
+            frame = frame.f_back
+            while frame is not None and _internal(frame):
+                frame = frame.f_back
+            level += 1
+        return level if frame is not None else entered
+    except Exception:  # no frames (another Python): the caller of the reader
+        return 2
+
+
 @_state.on_reset
 def _reset():
     _seen.clear()
     errors.clear()
+    _warned.clear()

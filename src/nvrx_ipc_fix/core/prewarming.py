@@ -238,12 +238,10 @@ def unavailable(core):
     """Why nothing can be prewarmed in this process, or None."""
     if core is None or not hasattr(core, "AsyncCallsQueue"):
         return "NVRx is not imported"
-    from ..core.lifecycle import installed
-
     state, reason = _shapes.warm_up(core)  # the target table's check of this NVRx
     if state != "active":
         return reason
-    if not installed("prewarm", "AsyncCallsQueue.schedule_async_request"):
+    if not _state.installed("prewarm", "AsyncCallsQueue.schedule_async_request"):
         return "the prewarm fix is not active (see nvrx_ipc_fix.status())"
     return None
 

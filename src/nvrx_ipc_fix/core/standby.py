@@ -33,6 +33,7 @@ from contextlib import contextmanager
 
 from . import config as _config, fork as _fork, state as _state
 from .detect import CORE
+from . import log as _log
 from .log import hook_failed, logger
 from .monitor import stat_fields
 from .status import STANDBY_NOT_STARTED
@@ -109,7 +110,7 @@ def _start():
         if unsupported is not None:
             _standby = None
             _why = f"this Python's multiprocessing has another shape ({unsupported})"
-            _config.warn(f"nvrx_ipc_fix: no standby for restart's workers: {_why}; NVRx spawns "
+            _log.warn(f"nvrx_ipc_fix: no standby for restart's workers: {_why}; NVRx spawns "
                          "them", ("standby", "shape"))
             return
         preload = [*PRELOAD, *(m for m in WORKER_IMPORTS if m not in PRELOAD)]

@@ -29,6 +29,7 @@ import weakref
 from . import config as _config, cuda_checkpoint as _cc, fork as _fork, state as _state
 from . import workers as _workers
 from .errors import STOP
+from . import log as _log
 from .log import logger
 
 LOCK_TIMEOUT = 10.0  # seconds the driver may take to lock an idle worker
@@ -79,15 +80,13 @@ def unavailable():
         message = f"nvrx_ipc_fix: the release uses restart instead of suspend: {_why}"
         logger.warning("%s", message)
         if _why != _cc.NO_CUDA:
-            _config.warn(message, ("suspend", "unavailable"))
+            _log.warn(message, ("suspend", "unavailable"))
     return _why
 
 
 def _fix_missing():
     """Why the fix that resumes a suspended worker is not in place, or None."""
-    from .lifecycle import installed
-
-    if not all(installed("suspend", attr) for attr in (
+    if not all(_state.installed("suspend", attr) for attr in (
             "AsyncCallsQueue.schedule_async_request", "PersistentAsyncCaller.close")):
         return "the suspend fix is not active (see nvrx_ipc_fix.status())"
     return None
@@ -250,7 +249,7 @@ def _end(queue, caller, process, why, undo, held=None):
         message = (f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
                    f"automatic release uses restart from now on")
         logger.warning("%s", message)
-        _config.warn(message, ("suspend", "failed"))
+        _log.warn(message, ("suspend", "failed"))
 
 
 def _finish(queue, caller, process, undo, held=None):

@@ -12,27 +12,11 @@ else it returns ``None``. ``status()`` then says ``not_applicable`` where the di
 that ships the module is not installed (``detect.distribution_of``), else ``pending``.
 """
 
-from .detect import CORE, FS
+from .detect import (BRIDGE, CORE, FS, MCORE_ASYNC, MEGATRON, NEMO_POLICY, NEMO_VALUE,
+                     SLIME_ACTOR)
 from .shapes import (nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop,
                      writer_cache)
 
-#: Fix name -> what it does, in one line.
-FIXES = {
-    "clear_on_close": "clear the trainer-side cache when the checkpoint worker is closed "
-                      "(no 'Worker cache miss' hang on the next save)",
-    "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
-    "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL or slime "
-                          "moves model or optimizer storage, and with the restart strategy "
-                          "start the next worker when the model is back (NVRX_IPC_FIX_RELEASE)",
-    "worker_watch": "a dead NVRx checkpoint worker becomes a CheckpointWorkerError on every "
-                    "rank, a stuck one an ERROR log line (NVRX_IPC_FIX_STALL_TIMEOUT)",
-    "mcore_worker_watch": "the same for megatron-core's own persistent checkpoint worker "
-                          "(async_strategy='mcore')",
-    "prewarm": "start the NVRx checkpoint worker ahead of the save that needs it (prewarm(), "
-               "strategy restart, NVRX_IPC_FIX_PREWARM=start); the save waits until it is ready",
-    "suspend": "a worker the suspend strategy keeps with nothing on the device is resumed "
-               "before it is given a save or closed (without it, the release restarts instead)",
-}
 
 
 def framework_queue(module):
@@ -80,13 +64,6 @@ class Target:
         return f"Target({self.name})"
 
 
-MEGATRON = "megatron.training.async_utils"
-BRIDGE = "megatron.bridge.training.checkpointing"
-NEMO_POLICY = "nemo_rl.models.policy.workers.megatron_policy_worker"
-NEMO_VALUE = "nemo_rl.models.value.workers.megatron_value_worker"
-SLIME_ACTOR = "slime.backends.megatron_utils.actor"
-
-MCORE_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
 
 
 def _watch(fix, module, applies):

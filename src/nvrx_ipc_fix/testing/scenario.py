@@ -100,11 +100,11 @@ def _use_scratch(path):
     (NVRx's worker and results manager, multiprocessing's ``pymp-*`` directories), so that
     removing it removes all they left: at the end, after multiprocessing's own clean-up, or
     at the hang exit, which skips every clean-up. Not where ``path`` is too long for a
-    manager's socket below it (``scenario_runner.fits``)."""
+    manager's socket below it (``testing.fits``)."""
     global _scratch
     from multiprocessing import util
 
-    from .scenario_runner import fits
+    from . import fits
 
     _scratch = path
     if fits(path):  # else the processes keep their TMPDIR, and the hang exit removes only path

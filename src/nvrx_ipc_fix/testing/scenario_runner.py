@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+from . import fits
+
 
 def in_subprocess(steps, fix, timeout, tensors=8, numel=4096):
     """The scenario's report for ``steps`` (a comma list), plus ``cache_miss``.
@@ -28,16 +30,6 @@ def in_subprocess(steps, fix, timeout, tensors=8, numel=4096):
     report = json.loads(out.strip().splitlines()[-1])
     report["cache_miss"] = "Worker cache miss" in err
     return report
-
-
-#: What multiprocessing adds below a temp directory for a manager's socket
-#: (``pymp-XXXXXXXX/listener-XXXXXXXX``), whose whole path must stay under AF_UNIX's 108 bytes.
-SOCKET_TAIL = 32
-
-
-def fits(path):
-    """Can ``path`` be a temp directory without making a manager's socket path too long?"""
-    return len(os.fsencode(path)) + SOCKET_TAIL < 100
 
 
 def run_child(argv, env, backstop):
