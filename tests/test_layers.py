@@ -175,3 +175,12 @@ def test_the_check_sees_imports():
     assert "core.release" in imported(PACKAGE / "features" / "release.py")
     assert "fixes.worker_watch" in imported(PACKAGE / "core" / "targets.py")  # named in strings
     assert "" in imported(PACKAGE / "ray_hook.py")  # import nvrx_ipc_fix
+
+
+def test_detect_names_every_module_the_table_patches():
+    """``detect.MODULES`` (what the warnings held back about settings wait for) is the target
+    table's modules, no more and no fewer."""
+    from nvrx_ipc_fix.core.detect import MODULES
+    from nvrx_ipc_fix.core.targets import TARGETS
+
+    assert sorted(MODULES) == sorted({t.module for t in TARGETS})
