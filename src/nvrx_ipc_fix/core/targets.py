@@ -14,9 +14,23 @@ that ships the module is not installed (``detect.distribution_of``), else ``pend
 
 from .detect import (BRIDGE, CORE, FS, MCORE_ASYNC, MEGATRON, NEMO_POLICY, NEMO_VALUE,
                      SLIME_ACTOR)
-from .shapes import (nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop,
-                     writer_cache)
 
+
+def _probe(name):
+    """``shapes.<name>``, imported when a module is decided or ``status()`` asks: ``shapes``
+    stays off the activation path (importing it costs more than this table)."""
+    def applies(module):
+        from . import shapes
+
+        return getattr(shapes, name)(module)
+
+    applies.__name__ = applies.__qualname__ = name
+    return applies
+
+
+nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop, writer_cache = map(
+    _probe, ("nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache", "worker_loop",
+             "writer_cache"))
 
 
 def framework_queue(module):
