@@ -20,7 +20,7 @@ done
 export PYTHONPATH=src:tests:/tmp/site PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "
 import sys, torch; torch.zeros(1, device='cuda')
-from nvrx_ipc_fix.core import cuda_checkpoint as cc
+from nvrx_ipc_fix.worker import cuda_checkpoint as cc
 driver, why = cc.load()
 print(sys.version.split()[0], torch.__version__, 'driver API', driver and driver.version(), why)"
   df -h /tmp /dev/shm | tail -n +2; free -g | sed -n 2p; } > "$OUT/env.txt" 2>&1

@@ -1,5 +1,5 @@
 """How fast a fresh process pins host memory, in 1 to N threads: what a prewarmed worker
-does before it reports ready (``core.worker.pin_host``, one thread).
+does before it reports ready (``worker.inside.pin_host``, one thread).
 
     python benchmarks/pin_speed.py --gib 8 --blocks 64 --threads 1,8,1,8
 

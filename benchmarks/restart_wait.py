@@ -39,7 +39,7 @@ from gpu_lifecycle import SIZES  # noqa: E402  (the model sizes the other benchm
 
 def _descendants_cpu(pid):
     """CPU seconds (user + system) of each process below ``pid``: {pid: seconds}."""
-    from nvrx_ipc_fix.core.monitor import _children, stat_fields
+    from nvrx_ipc_fix.worker.monitor import _children, stat_fields
 
     ticks = os.sysconf("SC_CLK_TCK")
     seen, todo = {}, _children(pid)
@@ -56,7 +56,7 @@ def _descendants_cpu(pid):
 
 def child(spec):
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import standby, suspend
+    from nvrx_ipc_fix.worker import standby, suspend
     from nvrx_ipc_fix.testing import scenario
 
     cycles = []

@@ -63,7 +63,7 @@ import torch.distributed as dist  # noqa: E402
 import nvrx_ipc_fix  # noqa: E402
 from nvrx_ipc_fix.testing import fakecuda, faults, scenario  # noqa: E402
 from nvrx_ipc_fix.core.shapes import caller_of  # noqa: E402
-from nvrx_ipc_fix.core.workers import process_of  # noqa: E402
+from nvrx_ipc_fix.worker.registry import process_of  # noqa: E402
 
 from megatron.core.dist_checkpointing.mapping import ShardedTensor  # noqa: E402
 from skyrl.backends.skyrl_train.distributed.megatron import megatron_strategy as ms  # noqa: E402

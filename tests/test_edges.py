@@ -117,7 +117,11 @@ READ_ENV = """
         if name == _config.LOG_LEVEL:
             from nvrx_ipc_fix.core.log import logger
             logger.setLevel(logging.NOTSET)
-            _config.configure_logging()
+            level = _config.log_level()
+            if level:
+                from nvrx_ipc_fix.core.log import configure
+
+                configure(level)
             return logging.getLevelName(logger.level).lower() if logger.level else None
         value = {_config.AUTO: _config.auto, _config.STRATEGY: _config.strategy,
                  _config.RELEASE: _config.release_policy,
@@ -202,7 +206,8 @@ def test_release_rejects_bad_arguments_naming_what_is_allowed():
 INTERRUPTED = """
     import json, math, tempfile, threading
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import cleanup as _cleanup, release as _release
+    from nvrx_ipc_fix.core import cleanup as _cleanup
+    from nvrx_ipc_fix.worker import release as _release
     from nvrx_ipc_fix.testing import scenario
     results = {}
     with tempfile.TemporaryDirectory() as d:
@@ -273,7 +278,7 @@ def test_release_interrupted_at_each_step_leaves_the_next_save_correct():
 SIGTERM_ELSEWHERE = """
     import json, os, tempfile, time
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import release as _release
+    from nvrx_ipc_fix.worker import release as _release
     from nvrx_ipc_fix.testing import faults, scenario
     if os.environ.get("WITHOUT_THE_WAKE"):
         from nvrx_ipc_fix.fixes import worker_watch

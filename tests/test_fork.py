@@ -5,7 +5,7 @@ queue it inherited, as NVRx's ``__del__`` does when the queue is collected
 (kept after a save, prewarmed for the queue, or waiting in NVRx's warm-up slot): the next
 save takes the same worker and loads. Without the package the child's exit kills the worker
 and the next save waits for ever, and a child that closes the queue hangs
-(``core/inherited.py`` says why). And the child gets fresh locks and no record of the
+(``worker/inherited.py`` says why). And the child gets fresh locks and no record of the
 parent's workers, whatever thread held the locks at the fork."""
 
 import pytest
@@ -96,8 +96,9 @@ def test_without_the_package_a_child_that_closes_the_queue_hangs():
 LOCKS = """
     import json, os, threading
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import lifecycle, log, monitor, workers
-    from nvrx_ipc_fix.core import prewarming as prewarm
+    from nvrx_ipc_fix.core import lifecycle, log
+    from nvrx_ipc_fix.worker import monitor, registry as workers
+    from nvrx_ipc_fix.worker import prewarm
 
     class Caller:  # an entry in the package's own records of callers
         pass

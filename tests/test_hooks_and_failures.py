@@ -160,7 +160,7 @@ def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change,
 # does not raise, and every save loads.
 DEFECT = """
     import sys
-    from nvrx_ipc_fix.core import workers as _w
+    from nvrx_ipc_fix.worker import registry as _w
     _state, _broken = _w.state, []
     def _breaks_once_in(caller):
         if sys._getframe(1).f_code.co_name == {where!r} and not _broken:

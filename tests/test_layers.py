@@ -1,9 +1,11 @@
-"""The package's layers point one way: start-up and the public API, then the features users
-call (``features/``), the fixes (``fixes/``, one module each), and ``core/`` at the bottom.
-``core`` imports nothing above it and names no module above it (the one exception: the target
-table names each row's wrapper, ``fixes.x:function``); a fix imports no other fix (what fixes
-share lives in ``core``). ``cli/`` and the harness (``testing/``) sit beside the public API. No
-module imports itself back through others. Read from the sources (imports at any depth,
+"""The package's rooms and the way their imports point (docs/architecture.md): start-up and
+the public API at the top, then the fixes (``fixes/``, one module each), the worker's life
+(``worker/``: start, watch, standby, prewarm, suspend, release) and ``core/`` at the bottom,
+the machinery every fix shares. ``core`` imports nothing above it and names no module above
+it (the one exception: the target table names each row's wrapper, ``fixes.x:function``, and
+what activation imports with NVRx, ``worker.inherited``); ``worker`` imports only ``core``; a
+fix imports no other fix. ``cli/`` and the demo's driver sit beside the public API. No module
+imports itself back through others. Read from the sources (imports at any depth,
 modules named in strings, imports of the root package), so that it holds for code no test
 runs."""
 
@@ -12,12 +14,13 @@ import pathlib
 import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "src" / "nvrx_ipc_fix"
-LAYERS = {"core": {"core"}, "fixes": {"core"}, "features": {"core", "fixes"}}
-ABOVE_CORE = tuple(f"nvrx_ipc_fix.{layer}" for layer in ("fixes", "features", "cli", "testing"))
+LAYERS = {"core": {"core"}, "worker": {"core", "worker"}, "fixes": {"core", "worker", "fixes"}}
+ABOVE_CORE = tuple(f"nvrx_ipc_fix.{layer}" for layer in ("fixes", "worker", "cli", "testing"))
 #: A module of the package named in a string: ``fixes.x:function`` (the target table's
 #: wrappers) or ``nvrx_ipc_fix.x.y``.
-NAMED = re.compile(r"(?:nvrx_ipc_fix\.)?((?:core|fixes|features|cli|testing)\.[a-z_]+)(?::\w+)?")
+NAMED = re.compile(r"(?:nvrx_ipc_fix\.)?((?:core|fixes|worker|cli|testing)\.[a-z_]+)(?::\w+)?")
 TABLE = "core/targets.py"  # the one module of core that names modules above it
+TABLE_NAMES = ("fixes.", "worker.inherited")  # what it names: each row's wrapper; ALWAYS
 
 
 def modules(layer):
@@ -78,7 +81,7 @@ def test_core_and_the_fixes_import_only_what_is_below_them():
     for layer, allowed in LAYERS.items():
         for path in modules(layer):
             for name in imported(path):
-                table = f"{layer}/{path.name}" == TABLE and name.startswith("fixes.")
+                table = f"{layer}/{path.name}" == TABLE and name.startswith(TABLE_NAMES)
                 if name.split(".")[0] not in allowed and not table:
                     wrong.append(f"{layer}/{path.name} imports {name or 'the root package'}")
     assert wrong == []
@@ -124,7 +127,7 @@ def test_no_fix_imports_another():
 
 def test_core_names_no_module_above_it():
     """Not even to look one up in ``sys.modules``: what core needs from above registers
-    with it (``cleanup.on_forget``, ``worker.WORKER_IMPORTS``, ``release.treat_as_ipc``)."""
+    with it (``cleanup.on_forget``, ``state.on_deactivate``, ``state.on_status``)."""
     wrong = [f"core/{path.name}: {node.value!r}" for path in modules("core")
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Constant) and isinstance(node.value, str)
@@ -153,7 +156,7 @@ def test_only_the_adapter_names_what_differs_between_nvrx_versions():
     """The fixes, release, prewarm and the after-fork code reach NVRx and megatron-core
     through ``core/shapes.py``: none of them names (or tests) such an attribute itself."""
     wrong = []
-    for layer in ("core", "fixes", "features"):
+    for layer in ("core", "worker", "fixes"):
         for path in modules(layer):
             if f"{layer}/{path.name}" in ADAPTER:
                 continue
@@ -168,11 +171,11 @@ def test_only_the_adapter_names_what_differs_between_nvrx_versions():
 def test_the_check_sees_imports():
     """The reader finds relative, absolute and nested imports (else the checks above pass
     on nothing)."""
-    assert {"core.config", "core.release", "core.prewarming"} <= imported(
+    assert {"core.config", "worker.release", "worker.prewarm"} <= imported(
         PACKAGE / "fixes" / "release_on_offload.py")  # from ..core import x; nested imports
     assert {"core.config", "core.fork", "core.hooks", "core.status"} <= imported(
         PACKAGE / "core" / "lifecycle.py")  # from . import x, y; from .status import z
-    assert "core.release" in imported(PACKAGE / "features" / "release.py")
+    assert "worker.inherited" in imported(PACKAGE / "core" / "targets.py")  # the table's ALWAYS
     assert "fixes.worker_watch" in imported(PACKAGE / "core" / "targets.py")  # named in strings
     assert "" in imported(PACKAGE / "ray_hook.py")  # import nvrx_ipc_fix
 

@@ -179,7 +179,8 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
 
 def test_activation_and_patching_import_nothing_of_the_harness_or_the_cli():
     """``import nvrx_ipc_fix`` and NVRx's import (every fix patched) load the core and the
-    fixes only: never ``nvrx_ipc_fix.testing`` (torch at its top) nor ``nvrx_ipc_fix.cli``."""
+    worker and the fixes only: never ``nvrx_ipc_fix.testing`` (torch at its top) nor
+    ``nvrx_ipc_fix.cli``."""
     loaded = run_python("""
         import json, sys
         import nvrx_ipc_fix
@@ -190,7 +191,7 @@ def test_activation_and_patching_import_nothing_of_the_harness_or_the_cli():
     """)
     rooms = {name.split(".")[1] for name in loaded if name.count(".")}
     assert "nvrx_ipc_fix.core.lifecycle" in loaded
-    assert rooms <= {"core", "fixes"}, loaded
+    assert rooms <= {"core", "worker", "fixes"}, loaded
 
 
 def test_dir_and_help_list_the_public_api_and_the_lazy_names_stay_lazy():

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from conftest import needs_nvrx, scenario
-from nvrx_ipc_fix.core import monitor as _monitor
+from nvrx_ipc_fix.worker import monitor as _monitor
 
 
 class FakeProcess:

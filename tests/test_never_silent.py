@@ -7,7 +7,7 @@ framework method must still do its own work (move the storage); nothing stays pe
 Paths that share one mechanism are tried with every fault on one of them and with a death
 while writing (``kill``) and an exception in ``async_fn`` (``raise``) on the others:
 
-* the package's release finalizes (``core/release.py released``): NeMo RL's and slime's
+* the package's release finalizes (``worker/release.py released``): NeMo RL's and slime's
   offload and reload points, ``release()`` with each strategy, ``offloading()``;
 * NVRx's own finalize, in a call the package completes after the failure
   (``queue_close_wrapper``, clear_on_close's ``finalize_wrapper``): ``close()``,

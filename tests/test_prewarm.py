@@ -83,7 +83,7 @@ def test_a_prewarmed_worker_pins_the_last_save_s_host_memory_before_it_is_ready(
 
 
 PIN_PRELUDE = """
-    from nvrx_ipc_fix.core import prewarming as _prewarm
+    from nvrx_ipc_fix.worker import prewarm as _prewarm
     from nvrx_ipc_fix.testing import scenario as _scenario
     _scenario.EXTRA_STEPS["huge-pin"] = lambda t: _prewarm._sizes.__setitem__(t.queue,
                                                                               (1 << 62,))
@@ -299,7 +299,7 @@ def test_prewarm_setting_values(edges):
 INTERRUPTED = """
     import json, signal, tempfile, time
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import prewarming as _prewarm
+    from nvrx_ipc_fix.worker import prewarm as _prewarm
     from nvrx_ipc_fix.testing import scenario
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core
     out = {}

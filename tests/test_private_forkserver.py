@@ -1,4 +1,4 @@
-"""The package's forkservers are its own (issue 36): the standby (``core.standby``) and any
+"""The package's forkservers are its own (issue 36): the standby (``worker.standby``) and any
 other server of the package is a private ``multiprocessing.forkserver.ForkServer``, never
 multiprocessing's process-wide one, so a child the user's own code starts with
 ``get_context("forkserver")`` (and, where forkserver is the default start method, as on
@@ -19,7 +19,7 @@ def test_the_standby_leaves_the_user_s_forkserver_and_default_context_alone():
     seen = run_python(f"""
         import json, multiprocessing, os, threading
         from multiprocessing import forkserver
-        from nvrx_ipc_fix.core import standby
+        from nvrx_ipc_fix.worker import standby
         from nvrx_ipc_fix.testing.user_child import start
 
         standby.start()  # what a restart release does
@@ -49,14 +49,14 @@ def test_the_standby_leaves_the_user_s_forkserver_and_default_context_alone():
 
 
 def test_a_private_forkserver_serves_its_children_and_leaves_multiprocessing_s_alone():
-    """``core.private_forkserver.Context`` on this Python: its children come from its own
+    """``worker.private_forkserver.Context`` on this Python: its children come from its own
     server, with its preloads and the environment the server started with; a pipe reaches
     them (descriptors pass as to any forkserver's child); multiprocessing's server is not
     started, and the user's, started after, is another process."""
     seen = run_python("""
         import json, multiprocessing, os
         from multiprocessing import forkserver
-        from nvrx_ipc_fix.core.private_forkserver import Context
+        from nvrx_ipc_fix.worker.private_forkserver import Context
         from nvrx_ipc_fix.testing.user_child import start
 
         os.environ["WHEN"] = "before the server started"

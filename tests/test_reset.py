@@ -10,8 +10,8 @@ from conftest import needs_cache, run_python
 RESET = """
     import dataclasses, json, os, sys, tempfile
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import (cleanup, config, hooks, lifecycle, log, prewarming, release,
-                                   worker, workers)
+    from nvrx_ipc_fix.core import cleanup, config, hooks, lifecycle, log
+    from nvrx_ipc_fix.worker import inside, prewarm, registry, release
     from nvrx_ipc_fix.fixes import stale_guard
     from nvrx_ipc_fix.testing import scenario
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core, filesystem_async
@@ -27,10 +27,10 @@ RESET = """
                 "verdicts": len(lifecycle._verdicts), "patches": len(lifecycle._patches),
                 "hooks": sorted(hooks._hooks), "finder": hooks._FINDER in sys.meta_path,
                 "warned": len(log._warned), "errors": sorted(log.errors),
-                "totals": dataclasses.asdict(cleanup.totals), "callers": len(workers._callers),
-                "finalize modes": len(workers._no_dist), "starts": len(prewarming._starts),
-                "sizes": len(prewarming._sizes), "released": len(release._released_at),
-                "sent": len(stale_guard._sent), "worker imports": list(worker.WORKER_IMPORTS),
+                "totals": dataclasses.asdict(cleanup.totals), "callers": len(registry._callers),
+                "finalize modes": len(registry._no_dist), "starts": len(prewarm._starts),
+                "sizes": len(prewarm._sizes), "released": len(release._released_at),
+                "sent": len(stale_guard._sent), "worker imports": list(inside.WORKER_IMPORTS),
                 "wrapped": wrapped()}
 
     def saves(trainer, n):
@@ -56,7 +56,7 @@ RESET = """
         class Caller:  # (the restart closed the caller the watch saw: collected since)
             pass
         kept = Caller()
-        workers.state(kept)
+        registry.state(kept)
         out["used"] = records()
         lifecycle.reset()
         out["reset"] = records()

@@ -1,4 +1,4 @@
-"""The standby (``core.standby``, issue 27): ``restart``'s next worker is forked at the onload
+"""The standby (``worker.standby``, issue 27): ``restart``'s next worker is forked at the onload
 from a process that imported torch and NVRx during the inference phase, instead of a fresh
 interpreter that imports them then. NVRx's own spawn (``starts="spawn"``), as users run it.
 The standby is a forkserver of the package's own: the user's stays the user's (issue 36; the
@@ -90,7 +90,7 @@ def test_the_readiness_probe_reports_what_it_found(cycles):
     assert status.startswith(f"ready (pid {standby['pid']}): 1 Python thread, no CUDA, "
                              "imported torch, "
                              "nvidia_resiliency_ext.checkpointing.async_ckpt.core, "
-                             "nvrx_ipc_fix.core.worker, "), status
+                             "nvrx_ipc_fix.worker.inside, "), status
     assert "async_ckpt.filesystem_async" in status and "testing.fakecuda" in status, status
 
 
@@ -165,7 +165,7 @@ def test_the_readiness_probe_fails_a_standby_that_is_not_what_it_claims(tmp_path
     (tmp_path / "initializes_cuda.py").write_text("import torch\ntorch.cuda._initialized = True\n")
     pid, status = run_python(f"""
         import json, os, threading, nvrx_ipc_fix
-        from nvrx_ipc_fix.core import standby, worker
+        from nvrx_ipc_fix.worker import standby, inside as worker
         os.environ["PYTHONPATH"] = os.pathsep.join([{str(tmp_path)!r},
                                                     os.environ.get("PYTHONPATH", "")])
         worker.WORKER_IMPORTS.extend(["starts_a_thread", "initializes_cuda", "not_a_module_here"])
@@ -185,7 +185,7 @@ def test_the_setting_off_starts_no_standby(value):
     pid, status = run_python("""
         import json, nvrx_ipc_fix
         from multiprocessing import forkserver
-        from nvrx_ipc_fix.core import standby
+        from nvrx_ipc_fix.worker import standby
         standby.start()
         print(json.dumps([forkserver._forkserver._forkserver_pid, nvrx_ipc_fix.status().standby]))
     """, env={"NVRX_IPC_FIX_STANDBY": value})
@@ -198,7 +198,7 @@ def test_a_forkserver_started_by_other_code_is_not_used():
     other, ours, status = run_python("""
         import json, multiprocessing, nvrx_ipc_fix
         from multiprocessing import forkserver
-        from nvrx_ipc_fix.core import standby
+        from nvrx_ipc_fix.worker import standby
         multiprocessing.get_context("forkserver").Process().start()
         other = forkserver._forkserver._forkserver_pid
         standby.start()

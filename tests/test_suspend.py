@@ -31,7 +31,7 @@ pytestmark = [needs_cache, pytest.mark.worker]
 PRELUDE = """
     import sys
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core.monitor import stat_fields
+    from nvrx_ipc_fix.worker.monitor import stat_fields
     from nvrx_ipc_fix.testing import scenario as _s
 
     def _proc_state(pid):
@@ -50,7 +50,7 @@ PRELUDE = """
 
     def _seen(trainer):
         status = nvrx_ipc_fix.status()
-        suspend = sys.modules.get("nvrx_ipc_fix.core.suspend")
+        suspend = sys.modules.get("nvrx_ipc_fix.worker.suspend")
         now = {} if suspend is None else dict(suspend._suspended)
         return {"calls": _calls(trainer), "suspend": status.suspend,
                 "prewarms": status.prewarms, "releases": status.releases,
@@ -416,7 +416,7 @@ def test_exit_with_a_worker_still_suspended_does_not_hang():
 # The resume cannot start a thread (the package's own defect, or a process out of threads).
 NO_THREADS = """
     import threading, types
-    import nvrx_ipc_fix.core.suspend as _suspend
+    import nvrx_ipc_fix.worker.suspend as _suspend
 
     class _Unstartable(threading.Thread):
         def start(self):
@@ -481,7 +481,7 @@ def test_no_deadline_release_timeout_inf_suspends_and_resumes():
 INTERRUPTED = """
     import json, tempfile
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import suspend
+    from nvrx_ipc_fix.worker import suspend
     from nvrx_ipc_fix.testing import fakedriver, scenario
 
     trainer = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")

@@ -14,7 +14,7 @@ def test_the_exit_handler_reads_the_callers_while_another_thread_adds_one():
     worker (NVRx 0.4.1/0.5.0's non-daemonic workers then hang the exit)."""
     errors = run_python("""
         import json, sys, threading
-        from nvrx_ipc_fix.core import workers
+        from nvrx_ipc_fix.worker import registry as workers
 
         sys.setswitchinterval(1e-6)
 

@@ -19,9 +19,9 @@ __all__ = ["activate", "deactivate", "status", "release", "offloading", "Release
            "TargetStatus"]
 
 _LAZY = {"State": "core.status", "Status": "core.status", "FixStatus": "core.status",
-         "TargetStatus": "core.status", "release": "features.release",
-         "offloading": "features.release", "ReleaseReport": "core.release",
-         "prewarm": "features.prewarm", "PrewarmReport": "core.prewarming",
+         "TargetStatus": "core.status", "release": "worker.release",
+         "offloading": "worker.release", "ReleaseReport": "worker.release",
+         "prewarm": "worker.prewarm", "PrewarmReport": "worker.prewarm",
          "CheckpointWorkerError": "core.errors", "PersistentAsyncWorkerError": "core.errors",
          "ray_runtime_env": "ray_hook"}
 

@@ -233,7 +233,7 @@ def _nvrx(version, affected):
 def _automatic_release():
     """Which strategy the automatic release uses on this machine, and why (the driver is
     probed here; a job's own process also needs the fix ``suspend`` active)."""
-    from ..core import cuda_checkpoint
+    from ..worker import cuda_checkpoint
 
     chosen = _config.auto_strategy()
     if chosen != "suspend":

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr if code else sys.stdout)
         return code
     if args.command == "doctor":
-        from ..core.config import quiet
+        from ..core.log import quiet
         from .doctor import run, run_with
 
         quiet()  # doctor reports every setting; the package's warnings would repeat them

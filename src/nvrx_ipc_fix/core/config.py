@@ -9,7 +9,7 @@ A warning about a value read during start-up activation (which every process of 
 environment runs) waits until a module the package patches is imported, and is dropped in
 processes that never import one. ``SETTINGS`` lists every variable with its parser, which
 reports a value it does not understand without warning: ``python -m nvrx_ipc_fix doctor``
-checks each, and turns these warnings off (``quiet()``).
+checks each, and turns these warnings off (``log.quiet()``).
 """
 
 import os
@@ -59,90 +59,30 @@ PREWARM = "NVRX_IPC_FIX_PREWARM"
 PIN = "NVRX_IPC_FIX_PIN"
 #: ``on`` (default; also ``1``, ``true``, ``yes``): the ``restart`` release starts the standby,
 #: a process with torch and NVRx imported and no CUDA, from which the next worker is forked
-#: at the onload (``core.standby``). ``off`` (also ``0``, ``false``, ``no``, ``never``,
+#: at the onload (``worker.standby``). ``off`` (also ``0``, ``false``, ``no``, ``never``,
 #: ``none``): NVRx spawns each worker, which imports torch and NVRx itself.
 STANDBY = "NVRX_IPC_FIX_STANDBY"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 _LEVELS = ("debug", "info", "warning", "error", "critical")
-_handler = None
-_held = {}  # (name, raw) -> the warning held back until a target module is imported
-_held_hooked = False  # _show_held is registered on the target modules
-_quiet = False  # doctor: no warnings about settings
+_held_hooked = False  # log.show_held is registered on the target modules
 
 
 def _invalid(name, raw, why):
-    from .log import warn, warned
-
-    key = (name, raw)
-    if _quiet or warned(key):
-        return
-    read = _holder()
-    if read:
-        _hold(key, f"nvrx_ipc_fix: {name}={raw!r} {why}. Read {read}, shown now that a module "
-                   f"it patches is imported; unset {name} or give it a value it understands to "
-                   f"silence this (`python -m nvrx_ipc_fix doctor` checks every setting)")
-        return
-    _held.pop(key, None)
-    warn(f"nvrx_ipc_fix: {name}={raw!r} {why}", key)
-
-
-def _holder():
-    """Where a setting read now is read from, in words, when its warning must wait: during
-    start-up activation, or while ``python -m nvrx_ipc_fix`` imports the package (``doctor``
-    reports the settings itself); ``None`` otherwise."""
-    import sys
-
-    startup = sys.modules.get("_nvrx_ipc_fix_startup")
-    how = getattr(startup, "running", None)
-    if how == "pth":
-        return (f"at start-up by nvrx-ipc-fix's start-up file nvrx_ipc_fix.pth (in "
-                f"{os.path.dirname(os.path.abspath(startup.__file__))})")
-    if how:
-        where = getattr(sys.modules.get("sitecustomize"), "__file__", None)
-        return f"at start-up by nvrx-ipc-fix's sitecustomize ({where or how})"
-    package = sys.modules.get(__name__.partition(".")[0])
-    if getattr(getattr(package, "__spec__", None), "_initializing", False):
-        from .log import _internal, _ours, _runpy
-
-        frame = sys._getframe(1)
-        while frame is not None and (_ours(frame.f_code.co_filename) or _internal(frame)):
-            frame = frame.f_back
-        if frame is not None and _runpy(frame):
-            return "when `python -m` imported nvrx_ipc_fix"
-    return None
-
-
-def _hold(key, message):
-    """Keep ``message`` for ``_show_held``, which the import of a target module calls."""
+    """Say that ``name``'s value is not understood (``log.setting_problem``: now, or held
+    until a target module is imported, then ``log.show_held``)."""
     global _held_hooked
-    _held[key] = message
-    if not _held_hooked:
+    from . import log
+
+    if log.setting_problem((name, raw), f"nvrx_ipc_fix: {name}={raw!r} {why}", name) \
+            and not _held_hooked:
         _held_hooked = True
         from . import hooks
         from .detect import MODULES
 
         for module in MODULES:
-            hooks.when_imported(module, _show_held)
-
-
-def _show_held(_module):
-    """Warn about the settings held back, once each: a target module was just imported."""
-    from .log import warn
-
-    for key in list(_held):
-        message = _held.pop(key, None)
-        if message is not None and not _quiet:
-            warn(message, key)
-
-
-def quiet():
-    """No warnings about settings in this process, and none of those held back: for
-    ``doctor``, which reports every setting itself."""
-    global _quiet
-    _quiet = True
-    _held.clear()
+            hooks.when_imported(module, log.show_held)
 
 
 def _raw(name):
@@ -303,22 +243,9 @@ def auto():
     return _read(AUTO, _parse_auto)
 
 
-def configure_logging():
-    """Honour ``NVRX_IPC_FIX_LOG_LEVEL`` with one stderr handler (idempotent)."""
-    global _handler
-    level = _read(LOG_LEVEL, _parse_log_level)
-    if level is None:
-        return
-    import logging
-
-    from .log import logger
-
-    if _handler is None:
-        _handler = logging.StreamHandler()
-        _handler.setFormatter(logging.Formatter(
-            "nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s"))
-        logger.addHandler(_handler)
-    logger.setLevel(level.upper())
+def log_level():
+    """``NVRX_IPC_FIX_LOG_LEVEL``: the level of the stderr handler, or ``None`` (no handler)."""
+    return _read(LOG_LEVEL, _parse_log_level)
 
 
 def strategy():
@@ -328,7 +255,7 @@ def strategy():
 
 def auto_strategy():
     """The automatic release's strategy: ``NVRX_IPC_FIX_STRATEGY``, else ``suspend`` (which
-    falls back to ``restart`` where the driver cannot: ``core.suspend``)."""
+    falls back to ``restart`` where the driver cannot: ``worker.suspend``)."""
     return _read(STRATEGY, _parse_strategy) or "suspend"
 
 
@@ -381,11 +308,5 @@ def prewarm_at_start():
 
 @_state.on_reset
 def _reset():
-    global _handler, _held_hooked, _quiet
-    if _handler is not None:
-        from .log import logger
-
-        logger.removeHandler(_handler)
-        logger.setLevel("NOTSET")
-    _handler, _held_hooked, _quiet = None, False, False
-    _held.clear()
+    global _held_hooked
+    _held_hooked = False

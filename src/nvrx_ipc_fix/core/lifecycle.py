@@ -16,6 +16,7 @@ made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's checkpoi
 imported, it also lets go of the parent's workers (``inherited``).
 """
 
+import importlib
 import os
 import sys
 from _thread import RLock
@@ -23,7 +24,7 @@ from _thread import RLock
 from . import config as _config, fork as _fork, hooks as _hooks, state as _state
 from .detect import CORE, MCORE_ASYNC
 from .fix_names import FIXES
-from .targets import TARGETS
+from .targets import ALWAYS, TARGETS
 
 _lock = RLock()
 _active = False
@@ -86,7 +87,11 @@ def enable(source, claim=False):
                 _source = source
         if source not in _requested:
             _requested.append(source)
-        _config.configure_logging()
+        level = _config.log_level()
+        if level is not None:
+            from .log import configure
+
+            configure(level)
         if _config.disabled_fixes(tuple(FIXES)) is None or _active:
             return
         _active, _source = True, source
@@ -108,12 +113,8 @@ def deactivate():
     """Resume suspended workers, put back every original we wrapped and stop prewarmed workers
     no save has used. Idempotent. Returns ``status()``."""
     global _active
-    suspend = sys.modules.get("nvrx_ipc_fix.core.suspend")
-    if suspend is not None:  # first: without the fix, nothing would resume them
-        suspend.resume(wait=True)
-    prewarm = sys.modules.get("nvrx_ipc_fix.core.prewarming")
-    if prewarm is not None:
-        prewarm.stop_unused()
+    for stop in list(_state.deactivations):  # registered by the worker's modules
+        stop()
     with _lock:
         _active = False
         for target in reversed(list(_patches)):  # the outermost first
@@ -178,8 +179,8 @@ def _on_import(module):
     the lock (wrapt runs its hooks outside its lock for the same reason)."""
     if not _active:
         return
-    if module.__name__ in (CORE, MCORE_ASYNC):
-        from . import inherited  # noqa: F401  (registers with fork)
+    for name in ALWAYS.get(module.__name__, ()):
+        importlib.import_module(f"nvrx_ipc_fix.{name}")
     from . import log as _log, status as _status  # noqa: F401  (used under the lock)
 
     mine = [t for t in TARGETS if t.module == module.__name__]
@@ -366,8 +367,6 @@ def _shape_problem(original, params):
 def _wrapper_of(target):
     """The target's wrapper function (importing wrapt and its fix module), or the exception
     that raised: ``_install_decided`` records it as the target's error."""
-    import importlib
-
     try:
         import wrapt  # noqa: F401  (_install uses it under the lock)
 
@@ -421,8 +420,6 @@ def status():
             _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
             fixes.append(FixStatus(fix, state, _loss(mine) if state in LOST else reason, summary))
         wrapt = sys.modules.get("wrapt")
-        standby = sys.modules.get(__name__.rsplit(".", 1)[0] + ".standby")
-        suspend = sys.modules.get(__name__.rsplit(".", 1)[0] + ".suspend")
         return Status(
             version=__version__,
             activated=_active,
@@ -442,8 +439,7 @@ def status():
             prewarms=_cleanup.totals.prewarms,
             prewarm_failures=_cleanup.totals.prewarm_failures,
             pinned_bytes=_cleanup.totals.pinned_bytes,
-            **({"standby": standby.describe()} if standby is not None else {}),
-            **({"suspend": suspend.describe()} if suspend is not None else {}),
+            **{field: describe() for field, describe in _state.reports.items()},
             untested=_detect.untested_versions(),
         )
 

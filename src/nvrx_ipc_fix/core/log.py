@@ -1,5 +1,7 @@
-"""The package logger (``nvrx_ipc_fix``, ``NullHandler`` by default), warn-once, the
-``RuntimeWarning`` that names the user's line (``warn``), and hook errors.
+"""The package logger (``nvrx_ipc_fix``, ``NullHandler`` by default, a stderr handler at
+``NVRX_IPC_FIX_LOG_LEVEL``: ``configure``), warn-once, the ``RuntimeWarning`` that names the
+user's line (``warn``), the warnings about settings (``setting_problem``: held back during
+start-up until a patched module is imported), and hook errors.
 
 Imported only when something is logged or warned, so that activation does not import
 ``logging``. Imports ``state`` alone: every other module may deliver its warnings here.
@@ -83,6 +85,78 @@ def warn(message, *keys):
     return True
 
 
+_handler = None  # the stderr handler of NVRX_IPC_FIX_LOG_LEVEL
+_held = {}  # (name, raw) -> the warning about a setting held back until a target is imported
+_quiet = False  # doctor: no warnings about settings
+
+
+def configure(level):
+    """One stderr handler at ``level`` (``config.log_level()``; idempotent)."""
+    global _handler
+    if _handler is None:
+        _handler = logging.StreamHandler()
+        _handler.setFormatter(logging.Formatter(
+            "nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s"))
+        logger.addHandler(_handler)
+    logger.setLevel(level.upper())
+
+
+def setting_problem(key, message, name):
+    """Warn once about a setting's value (``message``), or, where the warning must wait
+    (``_holder``), keep it for ``show_held``: ``True`` when held."""
+    if _quiet or warned(key):
+        return False
+    read = _holder()
+    if read:
+        _held[key] = (f"{message}. Read {read}, shown now that a module it patches is "
+                      f"imported; unset {name} or give it a value it understands to silence "
+                      f"this (`python -m nvrx_ipc_fix doctor` checks every setting)")
+        return True
+    _held.pop(key, None)
+    warn(message, key)
+    return False
+
+
+def show_held(_module=None):
+    """Warn about the settings held back, once each: a target module was just imported."""
+    for key in list(_held):
+        message = _held.pop(key, None)
+        if message is not None and not _quiet:
+            warn(message, key)
+
+
+def quiet():
+    """No warnings about settings in this process, and none of those held back: for
+    ``doctor``, which reports every setting itself."""
+    global _quiet
+    _quiet = True
+    _held.clear()
+
+
+def _holder():
+    """Where a setting read now is read from, in words, when its warning must wait: during
+    start-up activation, or while ``python -m nvrx_ipc_fix`` imports the package (``doctor``
+    reports the settings itself); ``None`` otherwise."""
+    import sys
+
+    startup = sys.modules.get("_nvrx_ipc_fix_startup")
+    how = getattr(startup, "running", None)
+    if how == "pth":
+        return (f"at start-up by nvrx-ipc-fix's start-up file nvrx_ipc_fix.pth (in "
+                f"{os.path.dirname(os.path.abspath(startup.__file__))})")
+    if how:
+        where = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+        return f"at start-up by nvrx-ipc-fix's sitecustomize ({where or how})"
+    package = sys.modules.get(__name__.partition(".")[0])
+    if getattr(getattr(package, "__spec__", None), "_initializing", False):
+        frame = sys._getframe(1)
+        while frame is not None and (_ours(frame.f_code.co_filename) or _internal(frame)):
+            frame = frame.f_back
+        if frame is not None and _runpy(frame):
+            return "when `python -m` imported nvrx_ipc_fix"
+    return None
+
+
 #: Packages whose frames a warning looks past: wrapt calls our hooks, and the code we patch
 #: calls them on the user's behalf (a queue's ``__init__`` through NVRx's metaclass);
 #: ``importlib.import_module`` imports a target module on the user's behalf.
@@ -139,6 +213,12 @@ def _caller_level():
 
 @_state.on_reset
 def _reset():
+    global _handler, _quiet
+    if _handler is not None:
+        logger.removeHandler(_handler)
+        logger.setLevel("NOTSET")
+    _handler, _quiet = None, False
+    _held.clear()
     _seen.clear()
     errors.clear()
     _warned.clear()

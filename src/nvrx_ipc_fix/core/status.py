@@ -6,9 +6,9 @@ import dataclasses
 import enum
 
 
-#: ``Status.standby`` before any ``restart`` release (``core.standby``).
+#: ``Status.standby`` before any ``restart`` release (``worker.standby``).
 STANDBY_NOT_STARTED = "not started: no restart release yet"
-#: ``Status.suspend`` before the package's suspend module is imported (``core.suspend``).
+#: ``Status.suspend`` before the package's suspend module is imported (``worker.suspend``).
 SUSPEND_NOT_PROBED = ("the automatic release's strategy is decided at the first release "
                       "(suspend where the CUDA driver can, else restart)")
 
@@ -77,10 +77,10 @@ class Status:
     prewarms: int  # checkpoint workers started ahead of the save that needs them
     prewarm_failures: int  # of those, workers that died or failed before their first save
     pinned_bytes: int = 0  # host memory the last prewarmed worker pinned ahead of its save
-    #: The standby restart's workers are forked from (``core.standby``): its state, why it is
+    #: The standby restart's workers are forked from (``worker.standby``): its state, why it is
     #: not used, how many workers it forked and how often it died.
     standby: str = STANDBY_NOT_STARTED
-    #: The automatic release's strategy in force and why (``core.suspend``), with the counts
+    #: The automatic release's strategy in force and why (``worker.suspend``), with the counts
     #: of suspends and resumes.
     suspend: str = SUSPEND_NOT_PROBED
     #: Distribution -> installed version, for each one newer than the newest version the

@@ -50,6 +50,11 @@ def release_policy(module):
     return nvrx_worker_cache(module)
 
 
+#: What activation imports as these modules are imported, whatever the fixes: the code that,
+#: in a child of ``os.fork()``, lets go of the parent's checkpoint workers.
+ALWAYS = {CORE: ("worker.inherited",), MCORE_ASYNC: ("worker.inherited",)}
+
+
 class Target:
     """One function or method to wrap.
 

@@ -1,16 +1,16 @@
 """Fix ``prewarm``: a persistent queue's worker started ahead of its first save
 (``NVRX_IPC_FIX_PREWARM=start``, at the queue's creation), and a save handed to a prewarmed
 worker only once it is ready (one that failed is let go first, and NVRx starts a fresh one).
-The starting itself is ``core.prewarming``'s.
+The starting itself is ``worker.prewarm``'s.
 """
 
 import sys
 import time
 
-from ..core import cleanup as _cleanup, config as _config, prewarming as _prewarming
-from ..core import shapes as _shapes
+from ..core import cleanup as _cleanup, config as _config, shapes as _shapes
 from ..core.detect import CORE
 from ..core.log import hook_failed, logger
+from ..worker import prewarm as _prewarming
 
 SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
 INIT_TARGET = f"{CORE}:AsyncCallsQueue.__init__"

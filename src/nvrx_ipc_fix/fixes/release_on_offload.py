@@ -87,7 +87,7 @@ def _after(wrapped, instance):
     """The model is back: resume the suspended worker, or start the next (``restart``)."""
     try:
         if _config.release_policy() != "never":
-            from ..core.release import onload
+            from ..worker.release import onload
 
             onload(_config.auto_strategy())
     except Exception as exc:
@@ -100,9 +100,9 @@ def release_if_needed(strategy=None):
     the call still does its work); with ``restart`` and ``suspend`` also when such a queue has
     a worker on the device, or one waits for its first save. Returns the failed checkpoint
     the release met, if any."""
-    from ..core.prewarming import idle
-    from ..core.release import has_live_worker, holds_ipc, released, saved_since_release
-    from ..core.suspend import suspended
+    from ..worker.prewarm import idle
+    from ..worker.release import has_live_worker, holds_ipc, released, saved_since_release
+    from ..worker.suspend import suspended
 
     core = sys.modules.get(CORE)
     if getattr(core, "AsyncCallsQueue", None) is None:  # not imported, or being imported

@@ -1,4 +1,4 @@
-"""Fix ``suspend``: a suspended NVRx checkpoint worker (``core.suspend``) is resumed before it
+"""Fix ``suspend``: a suspended NVRx checkpoint worker (``worker.suspend``) is resumed before it
 is given anything: before a save is scheduled on its queue, and before it is closed (its exit
 would wait for the device). Without this fix, ``suspend`` is not used: the release falls
 back to ``restart``.
@@ -6,9 +6,9 @@ back to ``restart``.
 
 import sys
 
-from ..core import suspend as _suspend
 from ..core.detect import CORE
 from ..core.log import hook_failed
+from ..worker import suspend as _suspend
 
 SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
 CLOSE_TARGET = f"{CORE}:PersistentAsyncCaller.close"

@@ -32,7 +32,7 @@ into the worker is touched):
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
 
-When a worker is found dead, it is let go (``core.workers.abandon``: the completions it sent
+When a worker is found dead, it is let go (``worker.registry.abandon``: the completions it sent
 are read, its queues closed, the trainer-side caches cleared, so the next save sends full
 tensors) and the queue forgets the caller (the next save spawns a fresh worker;
 megatron-core's class-level worker state is reset). Nothing here waits or talks to other
@@ -46,11 +46,11 @@ import threading
 from functools import partial
 from queue import Empty
 
-from ..core import monitor as _monitor, shapes as _shapes, worker as _worker
-from ..core import workers as _workers
+from ..core import shapes as _shapes
 from ..core.arguments import flags, replaced, values
-from ..core.errors import STOP, CheckpointWorkerError, add_note, annotate
+from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
 from ..core.log import hook_failed, logger
+from ..worker import inside as _worker, monitor as _monitor, registry as _workers
 
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
 FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
@@ -411,7 +411,7 @@ def sync_wrapper(wrapped, caller, args, kwargs):
         is_alive, = values(wrapped, args, kwargs, "is_alive")
         args, kwargs = replaced(wrapped, args, kwargs,
                                 is_alive=_flagged(is_alive, _monitor.rank(), check.world))
-    release = sys.modules.get("nvrx_ipc_fix.core.release")
+    release = sys.modules.get("nvrx_ipc_fix.worker.release")
     hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
     with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save "
                            f"#{_front(caller)}", hint=hint):

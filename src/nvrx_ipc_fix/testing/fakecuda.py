@@ -15,9 +15,9 @@ tests and the demo, and they fake only the device:
 * megatron-core's worker sets a CUDA device before anything else: ``install(forked_worker=True)``
   makes that harmless in a worker forked from the trainer (the scenario forks it there).
 * A prewarmed worker imports this module before it is ready (``install`` adds it to
-  ``core.worker.WORKER_IMPORTS``) and pins host memory ahead of its first save
-  (``core.worker.pin_host``); page-locked memory is the CUDA driver's, so here ``pinned``
-  stands in with plain memory (``core.worker.pin_without_cuda``).
+  ``worker.inside.WORKER_IMPORTS``) and pins host memory ahead of its first save
+  (``worker.inside.pin_host``); page-locked memory is the CUDA driver's, so here ``pinned``
+  stands in with plain memory (``worker.inside.pin_without_cuda``).
 * NVRx 0.4.1 and 0.5.0 call ``torch.cuda.synchronize()`` in the worker after every copy,
   and NeMo RL's cleanup calls ``torch.cuda.ipc_collect()``; without CUDA there is nothing
   to wait for or collect, so importing this module (the worker does, to unpickle the
@@ -25,14 +25,14 @@ tests and the demo, and they fake only the device:
 
 The worker must use ``AsyncCallsQueue(cpu_shm_mode=True)`` where that exists, so that it
 does not initialise CUDA; the writer still takes the GPU IPC path, and ``mark_queue``
-tells ``release()`` so (``core.release.treat_as_ipc``; it leaves real CPU-shm queues alone).
+tells ``release()`` so (``worker.release.treat_as_ipc``; it leaves real CPU-shm queues alone).
 """
 
 import os
 
 import torch
 
-from ..core import worker as _worker
+from ..worker import inside as _worker
 
 _trainer_pid = None
 
@@ -86,6 +86,6 @@ def on_fake_device(tensor):
 def mark_queue(queue):
     """``queue``'s CPU-shm flag only keeps CUDA out of the worker (see module doc): release
     it as a queue that holds IPC handles."""
-    from ..core.release import treat_as_ipc
+    from ..worker.release import treat_as_ipc
 
     treat_as_ipc(queue)

@@ -1,5 +1,5 @@
 """A CPU stand-in for the CUDA driver's process checkpoint API, beside ``fakecuda``: it fakes
-only the driver's five calls, which ``core.cuda_checkpoint.Driver`` makes on it as on
+only the driver's five calls, which ``worker.cuda_checkpoint.Driver`` makes on it as on
 ``libcuda`` (the same arguments, ``CUresult`` codes, deadlines).
 
 Each process's CUDA state is kept here. Lock stops the process (SIGSTOP), as a locked
@@ -16,8 +16,8 @@ import signal
 import threading
 import time
 
-from ..core import cuda_checkpoint as cc
-from ..core.monitor import stat_fields
+from ..worker import cuda_checkpoint as cc
+from ..worker.monitor import stat_fields
 
 OS_ERROR, ILLEGAL_STATE, TIMEOUT = 304, 401, 909  # CUresult codes
 FAULTS = {
@@ -43,7 +43,7 @@ class StandIn:
         self.calls = []  # (name, pid), in order
 
     def load(self):
-        """What ``core.suspend.load_driver`` returns: ``(Driver, None)`` or ``(None, why)``."""
+        """What ``worker.suspend.load_driver`` returns: ``(Driver, None)`` or ``(None, why)``."""
         if "absent" in self.faults:
             return None, "this CUDA driver has no process checkpoint API (stand-in)"
         return cc.Driver({
@@ -130,8 +130,8 @@ def _proc_state(pid):
 
 
 def install(faults=()):
-    """Make ``core.suspend`` open this stand-in instead of ``libcuda``; returns it."""
-    from ..core import suspend
+    """Make ``worker.suspend`` open this stand-in instead of ``libcuda``; returns it."""
+    from ..worker import suspend
 
     stand_in = StandIn(faults)
     suspend.load_driver = stand_in.load

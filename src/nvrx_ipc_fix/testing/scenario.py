@@ -72,7 +72,7 @@ from functools import partial
 
 import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
 from nvrx_ipc_fix.testing import faults, stacks
-from nvrx_ipc_fix.core.monitor import stat_fields
+from nvrx_ipc_fix.worker.monitor import stat_fields
 
 import torch
 import torch.distributed as dist
@@ -125,7 +125,7 @@ def start_workers_from_forkserver(core):
     forkserver instead of a fresh interpreter each, which imports torch and NVRx again
     (3.5 s of a 2-core VM's CPU): NVRx asks ``mp.get_context("spawn")`` for each; both
     pickle what they send the same way. The server is the harness's own
-    (``core.private_forkserver``: multiprocessing's stays the test's), forked from this
+    (``worker.private_forkserver``: multiprocessing's stays the test's), forked from this
     process now, before it has a thread of its own, so it has torch and NVRx already
     (``_fork_server``), their writer's module too (its ``torch.distributed.checkpoint``:
     1.6 s of CPU in each worker otherwise). For tests whose subject is not the cold start:
@@ -136,7 +136,7 @@ def start_workers_from_forkserver(core):
     import torch.multiprocessing as mp
 
     from ..core import config
-    from ..core.private_forkserver import Context
+    from ..worker.private_forkserver import Context
 
     os.environ.setdefault(config.STANDBY, "off")
     server = Context()
@@ -305,7 +305,7 @@ class Trainer:
         """The worker process that takes the next save, if any: the queue's, else the one
         NVRx's warm-up slot holds for it."""
         from ..core.shapes import caller_of
-        from ..core.workers import process_of
+        from ..worker.registry import process_of
 
         caller = caller_of(self.queue)
         if caller is None and self.impl == "nvrx":
@@ -428,8 +428,8 @@ class Trainer:
 
     def probe(self):
         """What the worker holds now (see ``_worker.describe_cache``)."""
-        from ..core.release import run_in_worker
-        from ..core.worker import describe_cache
+        from ..worker.release import run_in_worker
+        from ..worker.inside import describe_cache
 
         path = os.path.join(self.directory, "probe.json")
         error = run_in_worker(self.queue, describe_cache, (path,), 30)
@@ -613,7 +613,7 @@ def _driver(trainer, report, index, name):
 def _resumed(trainer, report, index, name):
     """Wait until the suspended worker of the queue is running again; the last suspend's and
     resume's timings, and the driver calls the stand-in saw."""
-    from ..core import suspend
+    from ..worker import suspend
 
     suspend.ready(trainer.queue)
     driver = getattr(trainer, "driver", None)
@@ -634,7 +634,7 @@ def _ready_step(trainer, report, index, name):
 def _standby_step(trainer, report, index, name):
     """Wait (up to 120 s) until the standby that restart's workers are forked from is ready
     or failed; its pid and what ``status()`` says of it."""
-    from ..core import standby
+    from ..worker import standby
 
     current = standby._standby
     if current is not None:
@@ -649,8 +649,8 @@ def _standby_step(trainer, report, index, name):
 @step("kill-standby", adds="standby_kills")
 def _kill_standby(trainer, report, index, name):
     """SIGKILL the standby; its pid, and those of its children still alive 2 s later."""
-    from ..core import standby
-    from ..core.monitor import _children
+    from ..worker import standby
+    from ..worker.monitor import _children
 
     pid = standby._standby.pid
     children = _children(pid)
@@ -779,7 +779,7 @@ def _environ(pid):
 def _ready(trainer):
     """Wait for the prewarmed worker (the scenario's stand-in for the training between
     onload and save); how long it took to start, in the background."""
-    from ..core.prewarming import wait_ready
+    from ..worker.prewarm import wait_ready
 
     began = time.monotonic()
     start = wait_ready(trainer.queue)

@@ -1,4 +1,4 @@
-"""The standby's last preload (``core.standby``): what its server held once the modules before
+"""The standby's last preload (``worker.standby``): what its server held once the modules before
 it were imported, taken as this module is imported there, for the readiness probe, a process
 forked from the server, to report. Later imports in the probe (``__main__``, as every child
 of a forkserver imports it) do not count. Standard library only."""

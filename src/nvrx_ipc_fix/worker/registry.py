@@ -15,9 +15,9 @@ import threading
 import weakref
 from queue import Empty
 
-from . import cleanup as _cleanup, fork as _fork, inherited, monitor as _monitor
-from . import shapes as _shapes, state as _state
-from .detect import CORE
+from ..core import cleanup as _cleanup, fork as _fork, shapes as _shapes, state as _state
+from ..core.detect import CORE
+from . import inherited, monitor as _monitor
 
 #: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
 SENTINEL = -7331
@@ -51,7 +51,7 @@ _queue_locks = weakref.WeakKeyDictionary()  # queue -> RLock: see queue_lock
 
 def _forget_the_parent():
     """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
-    (``core.inherited``, which finds the others), and the watch keeps no record of them."""
+    (``worker.inherited``, which finds the others), and the watch keeps no record of them."""
     global _callers, _abandoned, _lock, _queue_locks
     _lock = threading.Lock()  # the parent's may be held by a thread this child does not have
     _queue_locks = weakref.WeakKeyDictionary()

@@ -10,7 +10,7 @@ taken by the first queue that saves), so that a framework that warms up next (Me
 finds it there and starts none; a worker waiting in that slot is never doubled either. Both
 run NVRx's restart callbacks, and the trainer's caches are emptied as well, so the fresh
 worker's first save sends full tensors. The spawn returns within milliseconds; the rest
-happens in the worker. Where the standby serves (``core.standby``: after a ``restart``
+happens in the worker. Where the standby serves (``worker.standby``: after a ``restart``
 release), the worker is forked from it instead, with torch and NVRx already imported.
 
 *Ready* means the worker answered a request (``call_idx`` = the watch's ``SENTINEL``) that
@@ -48,11 +48,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from queue import Empty
 
-from . import cleanup as _cleanup, config as _config, fork as _fork, monitor as _monitor
-from . import shapes as _shapes, standby as _standby, state as _state, workers as _workers
-from .detect import CORE
-from .log import logger
-from .worker import WORKER_IMPORTS, take_file, warm_up
+from ..core import cleanup as _cleanup, config as _config, fork as _fork, shapes as _shapes
+from ..core import state as _state
+from ..core.detect import CORE
+from ..core.log import logger
+from . import monitor as _monitor, registry as _workers, standby as _standby
+from .inside import WORKER_IMPORTS, take_file, warm_up
+from .suspend import resume
 
 
 
@@ -63,7 +65,7 @@ class PrewarmReport:
     started: tuple = ()  # pids of the workers started
     skipped: tuple = ()  # ("what: why", ...)
     seconds: float = 0.0
-    forked: tuple = ()  # of ``started``, those forked from the standby (``core.standby``)
+    forked: tuple = ()  # of ``started``, those forked from the standby (``worker.standby``)
 
     def summary(self) -> str:
         """The one log line."""
@@ -108,13 +110,32 @@ _exit_pid = None  # the process that registered _at_exit (a forked child inherit
 
 def _forget_the_parent():
     """In a child of ``os.fork()``: fresh locks, and none of the parent's workers (the child
-    never started them; ``core.inherited`` detaches NVRx's objects from them)."""
+    never started them; ``worker.inherited`` detaches NVRx's objects from them)."""
     global _lock, _reported, _starts, _scheduling
     _lock, _reported = threading.RLock(), threading.Lock()
     _starts, _scheduling = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
 
 _fork.in_child(_forget_the_parent)
+
+
+def prewarm(queue=None) -> PrewarmReport:
+    """Start the checkpoint worker of ``queue`` (an NVRx ``AsyncCallsQueue``; ``None``: of each
+    live one) now, so that its next save finds it ready; a suspended worker is resumed instead
+    (in the background: the next save waits for it).
+
+    Returns at once: the worker spawns, imports torch and creates its CUDA context in the
+    background. Never starts a second worker: a queue whose worker runs or starts, or for
+    which NVRx's warm-up worker waits, is skipped, as is a queue that is not persistent, and
+    every queue while ``torch.distributed`` is not initialized (the worker's device follows
+    the rank). Callable from any thread; the report says what was started and what skipped.
+    """
+    began = time.perf_counter()
+    if queue is not None and not callable(getattr(queue, "schedule_async_request", None)):
+        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
+                        f"{type(queue).__name__}")
+    resume(queue, wait=False)
+    return start(queue, began)
 
 
 def start(queue=None, began=None):
@@ -462,6 +483,9 @@ def stop_unused():
             _let_go(None, caller, start)
         except Exception:
             pass
+
+
+_state.on_deactivate(stop_unused)
 
 
 @_state.on_reset

@@ -28,9 +28,8 @@ does not change what Python does to them.
 
 import sys
 
-from . import fork, shapes as _shapes, state as _state
-from .detect import CORE, FS
-from .detect import MCORE_ASYNC
+from ..core import fork, shapes as _shapes, state as _state
+from ..core.detect import CORE, FS, MCORE_ASYNC
 
 _kept = []  # what the child dropped, kept from the garbage collector until it exits
 

@@ -1,12 +1,12 @@
-"""The standby: a forkserver of the package's own (``core.private_forkserver``) with torch,
-NVRx and its writer imported and no CUDA, from which ``core.prewarming`` forks the worker
+"""The standby: a forkserver of the package's own (``worker.private_forkserver``) with torch,
+NVRx and its writer imported and no CUDA, from which ``worker.prewarm`` forks the worker
 that ``restart`` starts at the onload.
 
 A worker NVRx spawns is a fresh interpreter that imports torch and NVRx before it creates
 its CUDA context: most of the 6-10 s a ``restart`` worker took to get ready on an H200. The
 standby pays the imports once. The ``restart`` release (the model is being offloaded;
 inference follows) starts it, if none serves, with ``PRELOAD`` and ``WORKER_IMPORTS`` as its
-preload and ``core.standby_probe`` last. A probe process forked from it (the server forks
+preload and ``worker.standby_probe`` last. A probe process forked from it (the server forks
 only once its preload is done) reports what the server held then; it is ready if that is
 one Python thread, no CUDA and every preload imported, else it is stopped. It holds no
 device memory and stays while the environment is the one it started with. At the onload
@@ -22,7 +22,7 @@ The standby is used only when it is ready, still alive, and the environment is t
 was started with; otherwise NVRx spawns the worker, as without it, and ``status().standby``
 says why. One whose environment changed is replaced by the next ``restart`` release (its
 workers would inherit the old environment): it exits once no worker of it runs. A worker
-forked from it dies with it (``core.worker.warm_up`` sets its parent-death signal), so a
+forked from it dies with it (``worker.inside.warm_up`` sets its parent-death signal), so a
 dead standby never leaves a worker that looks dead and runs; its death is one WARNING, and
 the next ``restart`` release starts a new one. ``NVRX_IPC_FIX_STANDBY=off`` turns it off.
 """
@@ -31,18 +31,17 @@ import os
 import threading
 from contextlib import contextmanager
 
-from . import config as _config, fork as _fork, state as _state
-from .detect import CORE
-from . import log as _log
-from .log import hook_failed, logger
+from ..core import config as _config, fork as _fork, log as _log, state as _state
+from ..core.detect import CORE
+from ..core.log import hook_failed, logger
+from ..core.status import STANDBY_NOT_STARTED
+from .inside import WORKER_IMPORTS
 from .monitor import stat_fields
-from .status import STANDBY_NOT_STARTED
-from .worker import WORKER_IMPORTS
 
-_CORE = __name__.rsplit(".", 1)[0]
+_ROOM = __name__.rsplit(".", 1)[0]
 #: What the standby imports ahead (``__main__`` is not: each worker imports it, as spawned).
-PRELOAD = ("torch", CORE, _CORE + ".worker")
-PROBE = _CORE + ".standby_probe"  # imported last: what the server held then
+PRELOAD = ("torch", CORE, _ROOM + ".inside")
+PROBE = _ROOM + ".standby_probe"  # imported last: what the server held then
 PROBE_TIMEOUT = 120.0  # seconds the standby may take to import what it preloads
 
 
@@ -159,7 +158,7 @@ def _probe(standby, preload):
 
 def _check(context, preload):
     """Fork the probe from ``context``'s server: ``(fit, what it found)``. Fit is one Python
-    thread, no CUDA, and each of ``preload`` and ``PROBE`` imported (``core.standby_probe``)."""
+    thread, no CUDA, and each of ``preload`` and ``PROBE`` imported (``worker.standby_probe``)."""
     from .standby_probe import report
 
     reader, writer = context.Pipe(duplex=False)
@@ -258,6 +257,7 @@ class _Contexts:
         return self._real.get_context(method)
 
 
+@_state.on_status("standby")
 def describe():
     """For ``status()``: the standby's state, its forks, deaths and replacements."""
     replaced = (f"; {_replaced} replaced (the environment changed since it started)"

@@ -1,5 +1,5 @@
 """Dropping the CUDA IPC mappings the NVRx checkpoint worker holds: what ``release()`` and
-``offloading()`` do (``features/release.py``), and the automatic release (fix
+``offloading()`` do (``worker/release.py``), and the automatic release (fix
 ``release_on_offload``).
 
 ``flush`` keeps the worker: it finalizes pending saves, runs ``_worker.drop_cache`` inside
@@ -9,8 +9,8 @@ fix); the next save pays for a new worker. ``restart`` terminates too, and the n
 started ahead of the next save when the model is back (``prewarm``: at the exit of
 ``offloading()``, at NeMo RL's onload points, or called by the user). All three make the next
 save send full tensors; ``restart`` also starts the standby the next worker is forked from
-(``core.standby``). ``suspend`` flushes, then suspends the kept worker through the CUDA
-driver (``core.suspend``): nothing of it stays on the device, and the onload resumes it;
+(``worker.standby``). ``suspend`` flushes, then suspends the kept worker through the CUDA
+driver (``worker.suspend``): nothing of it stays on the device, and the onload resumes it;
 where the driver cannot, it falls back to ``restart``. ``terminate``, ``restart`` and
 ``suspend`` also stop a worker that waits for the queue's first save (prewarmed, or NVRx's
 warm-up): it holds nothing, but it is on the device.
@@ -26,15 +26,15 @@ import sys
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from queue import Empty
 
-from . import cleanup as _cleanup, config as _config, prewarming as _prewarm
-from . import shapes as _shapes, standby as _standby, state as _state, suspend as _suspend
-from . import workers as _workers
-from .detect import CORE
-from .errors import STOP, add_note
-from .log import logger
+from ..core import cleanup as _cleanup, config as _config, shapes as _shapes, state as _state
+from ..core.detect import CORE
+from ..core.errors import STOP, add_note, annotate, deliver
+from ..core.log import logger
+from . import prewarm as _prewarm, registry as _workers, standby as _standby, suspend as _suspend
 
 STRATEGIES = _config.STRATEGIES
 
@@ -77,6 +77,59 @@ def check_strategy(strategy):
     if name not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
     return name
+
+
+def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
+    """Free the GPU memory the NVRx worker holds through CUDA IPC (``worker/release.py``).
+
+    ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
+    ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``), ``"terminate"``,
+    ``"restart"`` (terminate; call ``prewarm()`` when the model is back, or use ``offloading``)
+    or ``"suspend"`` (keep the worker with nothing of it on the device; ``prewarm()`` or the
+    next save resumes it; ``restart`` where the CUDA driver cannot).
+    ``timeout``: seconds > 0 to wait for the worker (default
+    ``NVRX_IPC_FIX_RELEASE_TIMEOUT`` or 60; ``math.inf``: until it answers or dies); a
+    worker that does not answer is terminated and the report says so.
+    Arguments are checked before anything is touched. Interrupted at any step, it leaves
+    NVRx as usable as before: the next save succeeds (with a fresh worker, if needed). A save
+    that fails as it finalizes the pending ones is raised once the release is done.
+    """
+    report, failure = released(queue, *_arguments(queue, strategy, timeout))
+    if failure is not None:
+        raise failure
+    return report
+
+
+@contextmanager
+def offloading(queue=None, *, strategy=None, timeout=None):
+    """``with offloading():`` releases first, for code that moves model or optimizer storage;
+    the block's normal exit resumes a suspended worker, or with ``restart`` starts the next
+    (``prewarm``). A failed checkpoint that the release finalized is raised when the block has
+    run."""
+    strategy, timeout = _arguments(queue, strategy, timeout)
+    report, failure = released(queue, strategy, timeout)
+
+    def after():
+        onload(strategy, queue)
+
+    try:
+        yield report
+    except BaseException as exc:
+        if failure is not None:
+            annotate(exc, failure)
+        raise
+    deliver(failure, after)
+
+
+def _arguments(queue, strategy, timeout):
+    """``(strategy, timeout)`` checked and defaulted; ``queue`` checked."""
+    strategy = check_strategy(_config.strategy() if strategy is None else strategy)
+    timeout = (_config.release_timeout() if timeout is None
+               else _config.seconds(timeout, "timeout"))
+    if queue is not None and not callable(getattr(queue, "maybe_finalize_async_calls", None)):
+        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
+                        f"{type(queue).__name__}")
+    return strategy, timeout
 
 
 _released_at = weakref.WeakKeyDictionary()  # queue -> its call_idx at the last release
@@ -125,7 +178,7 @@ def released(queue, strategy, timeout):
     except Exception as defect:
         if not held:
             raise
-        from .log import hook_failed
+        from ..core.log import hook_failed
 
         add_note(held[0], f"nvrx_ipc_fix: the release that finalized this save then failed "
                           f"itself ({type(defect).__name__}: {defect})")
@@ -223,7 +276,7 @@ def _release(queue, strategy, timeout, held):
                     held.append(failure)
                 terminated = True
             else:
-                from .worker import drop_cache
+                from .inside import drop_cache
 
                 # NVRx's queues, or its abort of a worker that did not answer, may raise
                 error, failure = _upstream(lambda: run_in_worker(q, drop_cache, (), timeout))
@@ -256,7 +309,7 @@ def _release(queue, strategy, timeout, held):
                            terminated, keys, tuple(skipped), "; ".join(errors) or None, pin,
                            suspended)
     if report.error:
-        from .log import warn_once
+        from ..core.log import warn_once
 
         warn_once(("release", report.error), "nvrx_ipc_fix: release: %s", report.error)
     if released:

@@ -14,9 +14,9 @@ import sys
 import tempfile
 import time
 
-from . import state as _state
-from .detect import CORE, FS
-from .shapes import worker_data_cache
+from ..core import state as _state
+from ..core.detect import CORE, FS
+from ..core.shapes import worker_data_cache
 
 #: What a prewarmed worker imports before it says it is ready: what a save's request makes
 #: it unpickle (NVRx's writer). A stand-in for the device adds its tensor class's module.
@@ -90,7 +90,7 @@ def warm_up(modules, sizes=(), standby=None):
     prewarmed worker does not wait for them (a failure is left for that save to meet); then
     pin host memory of ``sizes`` bytes (``pin_host``) and report it (``worker_file``), with
     when this request began and how long the pinning took.
-    ``standby``: the pid of the standby this worker was forked from (``core.standby``),
+    ``standby``: the pid of the standby this worker was forked from (``worker.standby``),
     with which it dies."""
     entered = time.time()
     if standby is not None:

@@ -3,7 +3,7 @@ and its warm caches through inference, with nothing of it on the device.
 
 ``release()`` flushes first (the worker drops its CUDA IPC mappings: a process that maps
 another's memory may never come back from a lock), then ``suspend`` locks the worker through
-the CUDA driver's process checkpoint API (``core.cuda_checkpoint``) and checkpoints it: its
+the CUDA driver's process checkpoint API (``worker.cuda_checkpoint``) and checkpoints it: its
 device state moves to host memory. ``resume`` restores and unlocks it: at the onload
 (``offloading()``'s exit, NeMo RL's and slime's onload points, ``prewarm()``), in a thread
 beside the training step, and in any case before the worker is given anything (a save, a
@@ -26,11 +26,10 @@ import threading
 import time
 import weakref
 
-from . import config as _config, cuda_checkpoint as _cc, fork as _fork, state as _state
-from . import workers as _workers
-from .errors import STOP
-from . import log as _log
-from .log import logger
+from ..core import config as _config, fork as _fork, log as _log, state as _state
+from ..core.errors import STOP
+from ..core.log import logger
+from . import cuda_checkpoint as _cc, registry as _workers
 
 LOCK_TIMEOUT = 10.0  # seconds the driver may take to lock an idle worker
 UNDO_TIMEOUT = 10.0  # seconds for each call that undoes a failed suspend
@@ -296,6 +295,7 @@ def _left(deadline):
     return left
 
 
+@_state.on_status("suspend")
 def describe():
     """For ``status()``: the automatic release's strategy in force and why; the counts."""
     chosen = _config.auto_strategy()
@@ -327,4 +327,6 @@ def _forget():
 
 
 _fork.in_child(_forget)
+# deactivate() resumes first: without the fix, nothing would resume them
+_state.on_deactivate(lambda: resume(wait=True), first=True)
 _state.on_reset(_forget)

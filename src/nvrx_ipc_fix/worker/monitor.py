@@ -23,8 +23,8 @@ import time
 from contextlib import contextmanager
 from multiprocessing import connection
 
-from . import config as _config, fork as _fork
-from .log import logger
+from ..core import config as _config, fork as _fork
+from ..core.log import logger
 
 
 class Wait:
@@ -146,9 +146,9 @@ class _Monitor:
     @staticmethod
     def _failed(exc):
         try:
-            from .log import hook_failed
+            from ..core.log import hook_failed
 
-            hook_failed("nvrx_ipc_fix.core.monitor", exc)
+            hook_failed("nvrx_ipc_fix.worker.monitor", exc)
         except BaseException:  # the report itself raised (-W error): the watch goes on
             pass
 

@@ -1,1 +1,0 @@
-"""What users call: ``release()``, ``offloading()``, ``prewarm()``."""
