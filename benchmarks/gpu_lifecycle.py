@@ -4,7 +4,7 @@
         [--sizes 2g16,2g4096,16g64] [--scenarios vanilla,nemo_rl,terminate,flush,auto,no_cache,
         restart,auto_restart] [--cycles 20] [--overhead 12] [--ranks 2 [--launcher torchrun]]
 
-Each (size, scenario) runs in a fresh process per rank through ``nvrx_ipc_fix.testing.scenario``:
+Each (size, scenario) runs in a fresh process per rank through ``harness.scenario``:
 save, save (cache primed), then ``--cycles`` times (default 1): the scenario's release,
 offload the model (``to("cpu")``, ``gc``, ``empty_cache``), measure, onload, save with new
 values; every checkpoint is loaded back and compared value by value, and a watchdog turns
@@ -39,7 +39,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DOUBLES = os.path.join(HERE, os.pardir, "tests", "doubles")
+TESTS = os.path.normpath(os.path.join(HERE, os.pardir, "tests"))
+DOUBLES = os.path.join(TESTS, "doubles")
+sys.path.insert(0, TESTS)  # the tests' harness (harness.scenario), here and in NVRx's workers
 SIZES = {"2g16": (16, 2 ** 31 // 4 // 16), "2g4096": (4096, 2 ** 31 // 4 // 4096),
          "16g64": (64, 2 ** 34 // 4 // 64), "16g128": (128, 2 ** 34 // 4 // 128),
          "8g64": (64, 2 ** 33 // 4 // 64),
@@ -83,7 +85,7 @@ def child(spec):
     import gc
     import types
 
-    from nvrx_ipc_fix.testing import scenario
+    from harness import scenario
 
     def nemo_rl_manual(trainer):  # NeMo RL PR #3322, finalize_async_save with release
         import torch

@@ -3,7 +3,7 @@
     PYTHONPATH=src:$NVRX python benchmarks/guard_cost.py [--tensors 16,4096] [--bytes 2g]
 
 Builds a real ``torch.distributed.checkpoint`` save plan of N tensors (``--bytes`` in all:
-CUDA tensors where CUDA is, else the CPU stand-in ``nvrx_ipc_fix.testing.fakecuda``), lets NVRx's
+CUDA tensors where CUDA is, else the CPU stand-in ``nvrx_ipc_fix.cli.fakecuda``), lets NVRx's
 ``FileSystemWriterAsync`` cache its key (a first call, through the guard), then times with
 ``timeit`` the path of every ordinary save, where NVRx reuses the worker's cache:
 ``prepare_write_data`` bare and through the guard's wrapper, in turn, ten rounds. The median
@@ -39,7 +39,7 @@ def tensors(count, nbytes):
     numel = max(1, nbytes // 4 // count)
     if torch.cuda.is_available():
         return [torch.zeros(numel, device="cuda") for _ in range(count)], "cuda"
-    from nvrx_ipc_fix.testing import fakecuda
+    from nvrx_ipc_fix.cli import fakecuda
 
     fakecuda.install()
     return [fakecuda.on_fake_device(torch.zeros(numel)) for _ in range(count)], "cpu stand-in"

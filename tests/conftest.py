@@ -121,12 +121,17 @@ def _children_temp_directory():
 
 
 def _env(fix, auto, extra=None):
+    """A child's environment: the package on (``fix``) or off, start-up activation on
+    (``auto``) or off, ``extra``; and ``tests/`` last on its ``PYTHONPATH``, for the harness
+    (``harness``), which NVRx's workers, started from the child, import too."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
     if not fix:
         env["NVRX_IPC_FIX_DISABLE"] = "1"
     if not auto:
         env["NVRX_IPC_FIX_AUTO"] = "0"
     env.update(extra or {})
+    path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(path + [TESTS] * (TESTS not in path))
     return env
 
 
@@ -363,7 +368,7 @@ def _run_fresh(codes, *, fix, auto, env, timeout, argv=()):
 def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, numel=512,
              env=None, finalize="blocking", no_dist=False, starts=None, impl="nvrx",
              cached=True):
-    """Run the real NVRx worker through ``steps`` (see nvrx_ipc_fix.testing.scenario).
+    """Run the real NVRx worker through ``steps`` (see harness.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
     ``no_dist`` choose how saves are finalized, ``starts`` how NVRx starts its workers
@@ -379,7 +384,7 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     code = f"""
         import json, os, shutil, tempfile
         {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
-        from nvrx_ipc_fix.testing import scenario
+        from harness import scenario
         d, pid = tempfile.mkdtemp(), os.getpid()
         try:
             print(json.dumps(scenario.run({list(steps)!r}, d, timeout={timeout},
@@ -404,14 +409,14 @@ def scenario_ranks(steps, directory, *, world_size=2, timeout=60, fix=True, env=
                    flags=(), backstop=400):
     """Run ``steps`` (a comma list; ``<step>@<rank>`` runs on that rank only) on
     ``world_size`` gloo ranks at once, meeting in ``directory``, with ``flags`` of ``python
-    -m nvrx_ipc_fix.testing.scenario`` (default ``--starts forkserver``), as children of the
+    -m harness.scenario`` (default ``--starts forkserver``), as children of the
     zygote where they can be (``run_codes``); returns each rank's report. A rank still
     running after ``backstop`` seconds is killed with its workers and fails the test."""
     flags = list(flags) if "--starts" in flags else [
         "--starts", "spawn" if GPU else "forkserver", *flags]
     codes = [f"""
         import sys
-        from nvrx_ipc_fix.testing.scenario import main
+        from harness.scenario import main
         sys.exit(main({["--steps", steps, "--rank", str(rank), "--world-size", str(world_size),
                         "--dir", str(directory), "--timeout", str(timeout), "--numel", "512",
                         *flags]!r}))

@@ -22,7 +22,7 @@ into a fresh model; counts the tensors whose values are not the ones saved), ``w
 raises is reported (type, message; the saves a ``CheckpointWorkerError`` names as not saved
 are never loaded) and the run goes on. A step still running ``--timeout`` s later, or a few
 seconds after the worker it waits for died, is reported as the hang
-(``nvrx_ipc_fix.testing.scenario``'s watchdog) and ends the run.
+(``harness.scenario``'s watchdog) and ends the run.
 
 Several ranks (``--world-size``; one process each, gloo, meeting in a file in ``--dir``,
 where the checkpoints go too, as on a shared file system): every rank runs every step, as
@@ -61,7 +61,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import nvrx_ipc_fix  # noqa: E402
-from nvrx_ipc_fix.testing import fakecuda, faults, scenario  # noqa: E402
+from harness import faults, scenario  # noqa: E402
+from nvrx_ipc_fix.cli import driver, fakecuda  # noqa: E402
 from nvrx_ipc_fix.core.shapes import caller_of  # noqa: E402
 from nvrx_ipc_fix.worker.registry import process_of  # noqa: E402
 
@@ -207,7 +208,7 @@ def waiting_in():
     return frame and frame.f_code.co_name
 
 
-class Watchdog(scenario._Watchdog):
+class Watchdog(driver._Watchdog):
     """``scenario``'s watchdog (a step past ``timeout``, or a few seconds past its worker's
     death, is the hang), but the seconds after a death count only while the main thread is
     in NVRx's queue code (``NVRX_CORE``), where it waits on the worker: a step may take
@@ -267,7 +268,7 @@ class Watchdog(scenario._Watchdog):
             self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
                                    "worker_died": died, "stranded": stranded,
                                    "waiting_in": waiting_in()}
-            self.report["fix"] = scenario._fix_states()
+            self.report["fix"] = driver._fix_states()
             scenario.HUNG.set()
             print(json.dumps(self.report), flush=True)
             self.ended("hung")
@@ -298,7 +299,7 @@ def main(argv):
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
                             init_method=f"file://{directory}/pg")
     report = {"steps": steps, "rank": rank, "errors": [], "hang": None,
-              "fix": scenario._fix_states(), "package": nvrx_ipc_fix.__file__,
+              "fix": driver._fix_states(), "package": nvrx_ipc_fix.__file__,
               "started_s": round(time.monotonic() - STARTED, 2), "step_s": [], "workers": []}
     run = Run(directory, rank, args.world_size)
     watchdog = Watchdog(run, report, args.timeout, directory, rank, args.world_size)

@@ -5,7 +5,7 @@ Each entry names a module and the attributes its importers take from it at impor
 each attribute is an empty class, so that annotations, ``isinstance`` checks and
 subclassing still work. Nothing the tests run calls into them: a test that reached one
 would fail on the empty class. The device itself is faked elsewhere
-(``nvrx_ipc_fix.testing.fakecuda``).
+(``nvrx_ipc_fix.cli.fakecuda``).
 
 SkyRL 0.4.0 (``skyrl.backends.skyrl_train.distributed.megatron.megatron_strategy``, whose
 ``MegatronStrategy.save_checkpoint``/``load_checkpoint`` the tests run for real): ``STAND_INS``.

@@ -105,6 +105,18 @@ def test_the_wheel_puts_the_startup_files_at_its_root_and_in_record(wheel):
     assert start.split() == ["_nvrx_ipc_fix_startup:run"]
 
 
+def test_the_wheel_ships_what_users_run_and_no_test_harness(wheel):
+    """The demo's and ``selftest``'s driver and CUDA stand-in, and nothing of the tests'
+    harness (``tests/harness``: faults, the driver's stand-in, the scenario's extra steps)."""
+    with zipfile.ZipFile(wheel) as whl:
+        modules = sorted(n for n in whl.namelist() if n.endswith(".py"))
+    assert {"nvrx_ipc_fix/cli/driver.py", "nvrx_ipc_fix/cli/fakecuda.py",
+            "nvrx_ipc_fix/cli/runner.py"} <= set(modules)
+    harness = {p.name for p in (ROOT / "tests" / "harness").glob("*.py")} - {"__init__.py"}
+    assert harness and [n for n in modules if n.rpartition("/")[2] in harness
+                        or "/testing/" in n or n.startswith("harness/")] == []
+
+
 def test_the_wheel_carries_the_licence_it_declares(wheel):
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()

@@ -21,7 +21,7 @@ NEMO = f"""
     from megatron.bridge.training import checkpointing as _bridge
     from nemo_rl.models.policy.workers import megatron_policy_worker as _policy
     from nemo_rl.models.value.workers import megatron_value_worker as _value
-    from nvrx_ipc_fix.testing import scenario as _s
+    from harness import scenario as _s
 
     def _worker(cls, trainer, colocated):
         w = cls.__new__(cls)

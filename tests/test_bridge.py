@@ -35,7 +35,7 @@ VIA_BRIDGE = f"""
     from megatron.bridge.models.megatron_mimo.conversion import mimo_model_io as _io
     from megatron.bridge.training.config import CheckpointConfig
     from megatron.bridge.training.state import GlobalState
-    from nvrx_ipc_fix.testing import scenario as _s
+    from harness import scenario as _s
     def _close(self):
         state = GlobalState()
         state._async_calls_queue = self.queue  # what initialize_async_checkpoint_worker sets

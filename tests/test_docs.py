@@ -1,5 +1,5 @@
 """The layout the docs draw names what is in the sources: README's code layout line every
-subpackage, docs/how-it-works.md's code layout every module."""
+subpackage, docs/architecture.md's rooms every module."""
 
 import pathlib
 import re
@@ -19,9 +19,9 @@ def test_readme_s_layout_line_names_every_subpackage():
     assert [name for name in SUBPACKAGES if f"`{name}/`" not in line] == []
 
 
-def test_how_it_works_s_layout_names_every_module():
-    text = (ROOT / "docs" / "how-it-works.md").read_text()
-    layout = text.split("## Code layout", 1)[1].split("```", 2)[1]
+def test_the_architecture_page_names_every_module():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    layout = text.split("## The rooms", 1)[1].split("```", 2)[1]
     blocks = dict(re.findall(r"^  (\w+)/ +(.*?)(?=^  \w+/|^src/_|\Z)", layout, re.M | re.S))
     assert sorted(blocks) == SUBPACKAGES
     missing = [f"{package}/{module.stem}.py" for package in SUBPACKAGES

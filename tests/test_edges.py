@@ -208,7 +208,7 @@ INTERRUPTED = """
     import nvrx_ipc_fix
     from nvrx_ipc_fix.core import cleanup as _cleanup
     from nvrx_ipc_fix.worker import release as _release
-    from nvrx_ipc_fix.testing import scenario
+    from harness import scenario
     results = {}
     with tempfile.TemporaryDirectory() as d:
         t = scenario.Trainer(d, 4, 256, starts="forkserver")
@@ -279,7 +279,7 @@ SIGTERM_ELSEWHERE = """
     import json, os, tempfile, time
     import nvrx_ipc_fix
     from nvrx_ipc_fix.worker import release as _release
-    from nvrx_ipc_fix.testing import faults, scenario
+    from harness import faults, scenario
     if os.environ.get("WITHOUT_THE_WAKE"):
         from nvrx_ipc_fix.fixes import worker_watch
         worker_watch._wake = lambda caller: None
@@ -584,7 +584,7 @@ def test_an_empty_dir_is_a_usage_error_and_writes_nothing(tmp_path, command):
 
 KILLED_CHILD = """
     import json, os, sys, tempfile
-    from nvrx_ipc_fix.testing.scenario_runner import run_child
+    from nvrx_ipc_fix.cli.runner import run_child
     child = ("import multiprocessing.util, tempfile, time; tempfile.mkdtemp(prefix='x-'); "
              "multiprocessing.util.get_temp_dir(); print('made', flush=True); time.sleep(60)")
     out = {}
@@ -598,12 +598,12 @@ KILLED_CHILD = """
 
 
 def test_the_demo_runner_removes_its_childs_temp_directory_however_it_ends():
-    """The demo's and selftest's runner gives each scenario a TMPDIR of its own and removes
+    """The demo's and selftest's runner gives each driver run a TMPDIR of its own and removes
     it after, also when the child is killed at the backstop with what it started."""
     tmp = tempfile.mkdtemp(prefix="nvrx-test-")  # short enough for a TMPDIR below it (fits)
     try:
         seen = run_python(KILLED_CHILD, env={"TMPDIR": tmp}, timeout=120)
-        assert seen == {"killed": "scenario still running after 8 s: stopped it and the "
+        assert seen == {"killed": "the driver was still running after 8 s: stopped it and the "
                                   "processes it started", "ends": "made\n"}
         assert os.listdir(tmp) == []
     finally:

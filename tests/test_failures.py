@@ -121,11 +121,11 @@ def test_both_fixes_hold_when_activated_at_start_up():
 
 
 def test_the_hang_exit_leaves_no_temp_directory():
-    """``python -m nvrx_ipc_fix.testing.scenario`` (what the demo runs) reports the hang and exits
+    """``python -m harness.scenario`` (what the demo runs) reports the hang and exits
     at once: its scratch directory and the worker's and NVRx manager's ``pymp-*`` go too."""
     tmp = tempfile.mkdtemp(prefix="nvrx-test-")  # short: a manager's socket goes below it
     try:
-        rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps",
+        rc, out, err = run_process([sys.executable, "-m", "harness.scenario", "--steps",
                                     "save,save,close,save", "--timeout", "10", "--tensors",
                                     "2", "--numel", "256"], fix=False, env={"TMPDIR": tmp},
                                    timeout=240)

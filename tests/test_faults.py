@@ -4,7 +4,7 @@ reports the hang); with it, by the recovery protocol (README, "Failures"), the
 failure is raised once per rank, by the finalize that covers the failed save (blocking or a
 training loop's non-blocking polls, ``no_dist`` True or False), the failed save is never
 finalized and the error names it, nothing is held back, and the next save is loaded back
-value by value. Faults are injected inside the worker (``nvrx_ipc_fix.testing.faults``)."""
+value by value. Faults are injected inside the worker (``harness.faults``)."""
 
 import os
 import signal
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_ipc_fix.testing import stacks
+from harness import stacks
 
 from conftest import (MCORE, NVRX, PTH, Child, expect, needs_nvrx, run_python,
                       scenario, scenario_ranks)
@@ -178,7 +178,7 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
     other ranks; it raises once, names it, and the next save is loaded back."""
     result = run_python("""
         import json, tempfile
-        from nvrx_ipc_fix.testing import scenario
+        from harness import scenario
         t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
         t.save()
         caller = t.queue.persistent_caller
@@ -298,7 +298,7 @@ def test_mcore_a_closed_caller_collected_later_leaves_the_next_worker_alone():
     during the wait)."""
     result = run_python("""
         import json, tempfile
-        from nvrx_ipc_fix.testing import scenario
+        from harness import scenario
         t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, cached=False, impl="mcore")
         core = t.core
         t.save()
@@ -336,7 +336,7 @@ EXITS = {  # a training script that ends without closing its queue
 }
 EXIT = """
     import faulthandler, tempfile
-    from nvrx_ipc_fix.testing import scenario
+    from harness import scenario
     faulthandler.enable()  # at SIGABRT: where the exit waits, on stderr
     t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
     {body}

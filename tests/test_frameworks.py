@@ -30,7 +30,7 @@ VIA_MEGATRON = """
     import megatron.training.async_utils as _au
     import megatron.training.training as _training  # `from .async_utils import maybe_finalize_async_save`
     from megatron.training.global_vars import set_args
-    from nvrx_ipc_fix.testing import scenario as _s
+    from harness import scenario as _s
     set_args(argparse.Namespace(async_save=True))
     def _close(self):
         _au._async_calls_queue = self.queue

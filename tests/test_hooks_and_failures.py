@@ -197,7 +197,7 @@ EXTRA_ARGUMENT = """
 
     schedule_async_request.__module__ = _core.__name__  # as NVRx's own
     _core.AsyncCallsQueue.schedule_async_request = schedule_async_request
-    from nvrx_ipc_fix.testing import scenario as _s  # activates: the wrappers go on top
+    from harness import scenario as _s  # activates: the wrappers go on top
     _save = _s.Trainer.save
 
     def save(self, wait=True, fault=None):

@@ -15,10 +15,10 @@ import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "src" / "nvrx_ipc_fix"
 LAYERS = {"core": {"core"}, "worker": {"core", "worker"}, "fixes": {"core", "worker", "fixes"}}
-ABOVE_CORE = tuple(f"nvrx_ipc_fix.{layer}" for layer in ("fixes", "worker", "cli", "testing"))
+ABOVE_CORE = tuple(f"nvrx_ipc_fix.{layer}" for layer in ("fixes", "worker", "cli"))
 #: A module of the package named in a string: ``fixes.x:function`` (the target table's
 #: wrappers) or ``nvrx_ipc_fix.x.y``.
-NAMED = re.compile(r"(?:nvrx_ipc_fix\.)?((?:core|fixes|worker|cli|testing)\.[a-z_]+)(?::\w+)?")
+NAMED = re.compile(r"(?:nvrx_ipc_fix\.)?((?:core|fixes|worker|cli)\.[a-z_]+)(?::\w+)?")
 TABLE = "core/targets.py"  # the one module of core that names modules above it
 TABLE_NAMES = ("fixes.", "worker.inherited")  # what it names: each row's wrapper; ALWAYS
 

@@ -177,10 +177,9 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
                                       + int(expect("cache")))  # suspend's
 
 
-def test_activation_and_patching_import_nothing_of_the_harness_or_the_cli():
-    """``import nvrx_ipc_fix`` and NVRx's import (every fix patched) load the core and the
-    worker and the fixes only: never ``nvrx_ipc_fix.testing`` (torch at its top) nor
-    ``nvrx_ipc_fix.cli``."""
+def test_activation_and_patching_import_nothing_of_the_cli():
+    """``import nvrx_ipc_fix`` and NVRx's import (every fix patched) load ``core``, ``worker``
+    and ``fixes`` only: never ``nvrx_ipc_fix.cli`` (the demo's driver has torch at its top)."""
     loaded = run_python("""
         import json, sys
         import nvrx_ipc_fix

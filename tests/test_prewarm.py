@@ -84,7 +84,7 @@ def test_a_prewarmed_worker_pins_the_last_save_s_host_memory_before_it_is_ready(
 
 PIN_PRELUDE = """
     from nvrx_ipc_fix.worker import prewarm as _prewarm
-    from nvrx_ipc_fix.testing import scenario as _scenario
+    from harness import scenario as _scenario
     _scenario.EXTRA_STEPS["huge-pin"] = lambda t: _prewarm._sizes.__setitem__(t.queue,
                                                                               (1 << 62,))
 """
@@ -188,7 +188,7 @@ EDGES = """
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core
     out["bad_nvrx"] = [type_error(v) for v in BAD]
     out["no_queue"] = list(nvrx_ipc_fix.prewarm().skipped)
-    from nvrx_ipc_fix.testing import fakecuda
+    from nvrx_ipc_fix.cli import fakecuda
     early = core.AsyncCallsQueue(persistent=True, cpu_shm_mode=True)  # start-up: too early
     fakecuda.mark_queue(early)  # it stands in for a GPU queue: a restart stops its worker
     out["no_dist"] = list(nvrx_ipc_fix.prewarm(early).skipped)
@@ -300,7 +300,7 @@ INTERRUPTED = """
     import json, signal, tempfile, time
     import nvrx_ipc_fix
     from nvrx_ipc_fix.worker import prewarm as _prewarm
-    from nvrx_ipc_fix.testing import scenario
+    from harness import scenario
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core
     out = {}
     with tempfile.TemporaryDirectory() as d:

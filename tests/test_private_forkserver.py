@@ -20,7 +20,7 @@ def test_the_standby_leaves_the_user_s_forkserver_and_default_context_alone():
         import json, multiprocessing, os, threading
         from multiprocessing import forkserver
         from nvrx_ipc_fix.worker import standby
-        from nvrx_ipc_fix.testing.user_child import start
+        from harness.user_child import start
 
         standby.start()  # what a restart release does
         started = getattr(standby._standby, "pid", None)
@@ -57,7 +57,7 @@ def test_a_private_forkserver_serves_its_children_and_leaves_multiprocessing_s_a
         import json, multiprocessing, os
         from multiprocessing import forkserver
         from nvrx_ipc_fix.worker.private_forkserver import Context
-        from nvrx_ipc_fix.testing.user_child import start
+        from harness.user_child import start
 
         os.environ["WHEN"] = "before the server started"
         private = Context(["colorsys"])

@@ -105,7 +105,7 @@ JOB = """
                      "imported": "nvrx_ipc_fix" in sys.modules}}
             if steps:  # the real NVRx worker, spawned from this actor
                 from multiprocessing import resource_tracker
-                from nvrx_ipc_fix.testing import scenario
+                from harness import scenario
                 named, register = [], resource_tracker.register
 
                 def recording(name, rtype):  # each named semaphore the run makes

@@ -83,7 +83,7 @@ def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
     result = run_python("""
         import json, tempfile, time
         import nvrx_ipc_fix
-        from nvrx_ipc_fix.testing import scenario
+        from harness import scenario
         from nvidia_resiliency_ext.checkpointing.async_ckpt import core
         with tempfile.TemporaryDirectory() as d:
             t = scenario.Trainer(d, 4, 256, starts="forkserver")

@@ -13,7 +13,7 @@ RESET = """
     from nvrx_ipc_fix.core import cleanup, config, hooks, lifecycle, log
     from nvrx_ipc_fix.worker import inside, prewarm, registry, release
     from nvrx_ipc_fix.fixes import stale_guard
-    from nvrx_ipc_fix.testing import scenario
+    from harness import scenario
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core, filesystem_async
 
     def wrapped():

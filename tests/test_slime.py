@@ -24,7 +24,8 @@ SLIME = f"""
     import megatron.training.async_utils as _au
     from megatron.training.global_vars import set_args
     from slime.backends.megatron_utils.actor import MegatronTrainRayActor
-    from nvrx_ipc_fix.testing import scenario as _s
+    from harness import scenario as _s
+    from nvrx_ipc_fix.cli import driver as _d
     set_args(argparse.Namespace(async_save=True))
 
     def _save_model(trainer):
@@ -32,16 +33,15 @@ SLIME = f"""
         actor = MegatronTrainRayActor()
         actor.args = types.SimpleNamespace(offload_train=True, async_save=True)
         actor.pause, actor.resume = trainer.offload, trainer.onload
-        actor.save = lambda rollout_id: _s._step(trainer, _REPORT, rollout_id, "save-async",
-                                                 len(trainer.names), 0)
+        actor.save = lambda rollout_id: _d._step(trainer, _REPORT, rollout_id, "save-async")
         actor.save_model(len(_REPORT["saves"]))
 
-    _REPORT, _original_step = None, _s._step
+    _REPORT, _original_step = None, _d._step
     def _step(trainer, report, *rest):  # keeps the report, which save_model's save adds to
         global _REPORT
         _REPORT = report
         return _original_step(trainer, report, *rest)
-    _s._step = _step
+    _d._step = _step  # the driver's run() calls it
     _s.EXTRA_STEPS["save_model"] = _save_model
 """
 # slime starts awake (the first wake_up finds nothing paused); each save_model ends asleep

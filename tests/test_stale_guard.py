@@ -20,7 +20,7 @@ CALLS = """
     import nvrx_ipc_fix
     nvrx_ipc_fix.deactivate()  # the wrapper is called by hand below
     from nvrx_ipc_fix.fixes import stale_guard as guard
-    from nvrx_ipc_fix.testing import fakecuda
+    from nvrx_ipc_fix.cli import fakecuda
     from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async as fs
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     fakecuda.install()

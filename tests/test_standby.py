@@ -91,7 +91,7 @@ def test_the_readiness_probe_reports_what_it_found(cycles):
                              "imported torch, "
                              "nvidia_resiliency_ext.checkpointing.async_ckpt.core, "
                              "nvrx_ipc_fix.worker.inside, "), status
-    assert "async_ckpt.filesystem_async" in status and "testing.fakecuda" in status, status
+    assert "async_ckpt.filesystem_async" in status and "cli.fakecuda" in status, status
 
 
 # The standby dies: once while a worker forked from it waits for its save (the worker dies

@@ -1,5 +1,5 @@
 """Strategy ``suspend`` on the real NVRx worker, on the CPU: the CUDA driver's process
-checkpoint API is the stand-in ``nvrx_ipc_fix.testing.fakedriver`` (lock = SIGSTOP, unlock =
+checkpoint API is the stand-in ``harness.fakedriver`` (lock = SIGSTOP, unlock =
 SIGCONT, so a save handed to a worker still suspended really hangs). The suspend fix resumes
 the worker before any save or close, which the stand-in's calls and the worker's /proc state
 show; each driver fault ends the worker, warns once, the next save loads and the release
@@ -32,7 +32,7 @@ PRELUDE = """
     import sys
     import nvrx_ipc_fix
     from nvrx_ipc_fix.worker.monitor import stat_fields
-    from nvrx_ipc_fix.testing import scenario as _s
+    from harness import scenario as _s
 
     def _proc_state(pid):
         try:
@@ -389,7 +389,7 @@ def test_exit_with_a_worker_still_suspended_does_not_hang():
     code = """
         import json, tempfile
         import nvrx_ipc_fix
-        from nvrx_ipc_fix.testing import fakedriver, scenario
+        from harness import fakedriver, scenario
         trainer = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
         trainer.driver = fakedriver.install()
         trainer.save()
@@ -482,7 +482,7 @@ INTERRUPTED = """
     import json, tempfile
     import nvrx_ipc_fix
     from nvrx_ipc_fix.worker import suspend
-    from nvrx_ipc_fix.testing import fakedriver, scenario
+    from harness import fakedriver, scenario
 
     trainer = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
     stand_in = fakedriver.install()

@@ -63,7 +63,7 @@ def test_a_release_from_another_thread_while_a_save_runs_waits_and_every_save_lo
     report = run_python(f"""
         import json, threading, time
         import nvrx_ipc_fix
-        from nvrx_ipc_fix.testing import scenario
+        from harness import scenario
 
         trainer = scenario.Trainer({str(tmp_path)!r}, n_tensors=8)
         saves, errors, released = [], [], []

@@ -25,7 +25,8 @@ CONTRACT = r"""
     import torch.distributed as dist
 
     from nvrx_ipc_fix import PersistentAsyncWorkerError
-    from nvrx_ipc_fix.testing import fakecuda, faults, scenario
+    from harness import faults, scenario
+    from nvrx_ipc_fix.cli import driver, fakecuda
 
     impl = sys.argv[1]
     core = importlib.import_module(scenario.IMPLS[impl])
@@ -39,7 +40,7 @@ CONTRACT = r"""
         if impl == "mcore":  # on the CPU its worker must be forked (module doc)
             core.AsyncCallsQueue.warmup_persistent_caller(0, "fork")
             return core.AsyncCallsQueue(persistent=True)
-        return core.AsyncCallsQueue(**scenario._kwargs_accepted(
+        return core.AsyncCallsQueue(**driver._kwargs_accepted(
             core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=True))
 
     def reset(queue):

@@ -45,7 +45,7 @@ COUNT = COUNTING + """
     _count(_core.AsyncCaller, "sync_all_async_calls", "original sync")
     for _name in ("all_reduce", "all_gather_object", "broadcast_object_list", "barrier"):
         _count(_dist, _name, _name)
-    from nvrx_ipc_fix.testing import scenario as _s  # activates: the wrappers go on top
+    from harness import scenario as _s  # activates: the wrappers go on top
     _count(_core.PersistentAsyncCaller, "is_current_async_call_done", "finalize's done", True)
     _s.EXTRA_STEPS["calls"] = _report
 """
@@ -91,7 +91,7 @@ CLOSES = COUNTING + f"""
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core as _core
     _count(_core.AsyncCallsQueue, "close", "close")
     _count(_bridge, "maybe_finalize_async_save", "terminate")
-    from nvrx_ipc_fix.testing import scenario as _s
+    from harness import scenario as _s
 
     def _terminate(trainer):
         _bridge.maybe_finalize_async_save(

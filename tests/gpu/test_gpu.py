@@ -105,7 +105,7 @@ def test_a_worker_killed_while_suspended_is_one_error_and_the_next_save_loads():
 
 LOCK_WHILE_MAPPED = """
     from nvrx_ipc_fix.worker import suspend as _suspend
-    from nvrx_ipc_fix.testing import scenario as _s
+    from harness import scenario as _s
 
     def _unflushed(trainer):  # the worker still maps the trainer's memory: the lock may not come back
         _suspend.LOCK_TIMEOUT = 3.0

@@ -1,9 +1,9 @@
 """``python -m nvrx_ipc_fix demo``: the two failures on the real NVRx worker, without and
-with the fix. Each run is a fresh interpreter (``nvrx_ipc_fix.testing.scenario``); "without" sets
+with the fix. Each run is a fresh interpreter (``cli.driver``); "without" sets
 ``NVRX_IPC_FIX_DISABLE=1``. Uses CUDA when present, else the ``fakecuda`` CPU stand-in.
 """
 
-from ..testing.scenario_runner import in_subprocess
+from .runner import in_subprocess
 
 CASES = (
     ("storage replaced between saves (model.to('cpu') and back, optimizer offload)",

@@ -7,7 +7,7 @@ checkpoint holds the saved values. Without CUDA it runs the same on the CPU stan
 where memory cannot be measured, and says so.
 """
 
-from ..testing.scenario_runner import in_subprocess
+from .runner import in_subprocess
 
 MIB = 1 << 20
 TENSORS, NUMEL = 8, (256 * MIB // 4) // 8

@@ -1,7 +1,5 @@
-"""The harness that drives the real NVRx worker for the demo, ``selftest``, the tests and
-the benchmarks: ``scenario`` (and its ``scenario_runner``), the CUDA stand-in ``fakecuda`` and
-the worker fault injectors ``faults``. Nothing on the activation path imports it. Here:
-``fits``, which the scenario and its runner both ask."""
+"""Whether a temp directory is short enough for the driver's processes (``driver``,
+``runner``): a multiprocessing manager's socket goes below it."""
 
 import os
 

@@ -16,8 +16,8 @@ import signal
 import threading
 import time
 
-from ..worker import cuda_checkpoint as cc
-from ..worker.monitor import stat_fields
+from nvrx_ipc_fix.worker import cuda_checkpoint as cc
+from nvrx_ipc_fix.worker.monitor import stat_fields
 
 OS_ERROR, ILLEGAL_STATE, TIMEOUT = 304, 401, 909  # CUresult codes
 FAULTS = {
@@ -131,7 +131,7 @@ def _proc_state(pid):
 
 def install(faults=()):
     """Make ``worker.suspend`` open this stand-in instead of ``libcuda``; returns it."""
-    from ..worker import suspend
+    from nvrx_ipc_fix.worker import suspend
 
     stand_in = StandIn(faults)
     suspend.load_driver = stand_in.load

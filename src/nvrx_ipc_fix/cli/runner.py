@@ -1,6 +1,5 @@
-"""Run ``nvrx_ipc_fix.testing.scenario`` in a fresh interpreter, with or without the package.
-
-Imports only the standard library, so the demo and selftest parents stay light.
+"""Run the driver (``cli.driver``) in a fresh interpreter, with or without the package, for
+the demo and ``selftest``. Imports only the standard library, so that they stay light.
 """
 
 import json
@@ -11,22 +10,22 @@ import subprocess
 import sys
 import tempfile
 
-from . import fits
+from .scratch import fits
 
 
 def in_subprocess(steps, fix, timeout, tensors=8, numel=4096):
-    """The scenario's report for ``steps`` (a comma list), plus ``cache_miss``.
+    """The driver's report for ``steps`` (a comma list), plus ``cache_miss``.
 
     ``fix=False`` runs it with ``NVRX_IPC_FIX_DISABLE=1``, i.e. plain NVRx.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
     if not fix:
         env["NVRX_IPC_FIX_DISABLE"] = "1"
-    code, out, err = run_child([sys.executable, "-m", "nvrx_ipc_fix.testing.scenario", "--steps", steps,
-                                "--timeout", str(timeout), "--tensors", str(tensors),
+    code, out, err = run_child([sys.executable, "-m", "nvrx_ipc_fix.cli.driver", "--steps",
+                                steps, "--timeout", str(timeout), "--tensors", str(tensors),
                                 "--numel", str(numel)], env, timeout * 4 + 120)
     if code != 0 or not out.strip():
-        raise RuntimeError(f"scenario failed (exit {code}):\n{err[-2000:]}")
+        raise RuntimeError(f"the driver failed (exit {code}):\n{err[-2000:]}")
     report = json.loads(out.strip().splitlines()[-1])
     report["cache_miss"] = "Worker cache miss" in err
     return report
@@ -47,7 +46,7 @@ def run_child(argv, env, backstop):
         try:
             out, err = proc.communicate(timeout=backstop)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"scenario still running after {backstop:g} s: stopped it "
+            raise RuntimeError(f"the driver was still running after {backstop:g} s: stopped it "
                                f"and the processes it started") from None
         finally:
             if proc.poll() is None:  # timed out or interrupted: stop the whole group

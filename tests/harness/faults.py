@@ -1,5 +1,5 @@
-"""Faults for the real checkpoint worker, used by ``nvrx_ipc_fix.testing.scenario`` (tests, demo,
-GPU benchmark) to show what a dying or stuck worker does to the trainer.
+"""Faults for the real checkpoint worker, used by ``harness.scenario`` (the tests, the GPU
+benchmarks) to show what a dying or stuck worker does to the trainer.
 
 Each is a plain module-level function: pickled by reference in an ``AsyncRequest`` in place
 of NVRx's ``preload_fn`` or ``async_fn``, it runs inside the worker, which imports this
