@@ -4,7 +4,9 @@ reports the hang); with it, by the recovery protocol (README, "Failures"), the
 failure is raised once per rank, by the finalize that covers the failed save (blocking or a
 training loop's non-blocking polls, ``no_dist`` True or False), the failed save is never
 finalized and the error names it, nothing is held back, and the next save is loaded back
-value by value. Faults are injected inside the worker (``harness.faults``)."""
+value by value. Faults are injected inside the worker (``harness.faults``). Most runs fork
+NVRx's workers from a forkserver (their start is not the subject); one run (``spawned``) lets
+NVRx spawn them itself and goes through every fault."""
 
 import os
 import signal
@@ -31,7 +33,8 @@ MODES = [("blocking", False), ("blocking", True), ("poll", False), ("poll", True
 #: another env's, as NVRx 0.7.0's async_ckpt/core.py is 0.6.0's but for log lines)
 OTHER_MODES = [pytest.param(mode, marks=pytest.mark.modes) for mode in MODES[1:]]
 WORDS = {"preload": "exit code 1", "raise": "exit code 1", "exit": "exit code 3",
-         "kill": "killed by SIGKILL", "idle": "while idle (killed by SIGKILL"}
+         "kill": "killed by SIGKILL", "idle": "while idle (killed by SIGKILL",
+         "segv": "killed by SIGSEGV"}
 
 
 def steps_for(kinds):
@@ -96,7 +99,13 @@ def test_with_the_package_nothing_hangs_and_every_later_save_is_correct(every_fa
 @pytest.mark.parametrize("kind", HANGS)
 def test_a_dead_worker_is_one_error_raised_by_the_finalize_then_the_next_save_loads(
         each_mode, kind):
-    report = each_mode
+    one_error_then_the_next_save_loads(each_mode, kind)
+
+
+def one_error_then_the_next_save_loads(report, kind):
+    """The worker died of ``kind``: one ``CheckpointWorkerError``, raised by the finalize
+    within ``BOUND``, naming the failed save (never loaded), nothing held back, nothing
+    raised again, and the next save loaded back, current."""
     assert report["hang"] is None, report["stderr"]
     index = next(i for i, f in enumerate(report["faults"]) if f["fault"] == kind)
     outcome = report["faults"][index]
@@ -125,17 +134,27 @@ def test_with_the_package_a_segfault_in_the_worker_is_one_error_too(every_fault)
 
 
 def test_with_the_package_a_write_failure_is_still_nvrx_s_error(every_fault):
-    outcome = next(f for f in every_fault["faults"] if f["fault"] == "write")
+    write_failure_is_nvrx_s_error(every_fault)
+
+
+def write_failure_is_nvrx_s_error(report):
+    outcome = next(f for f in report["faults"] if f["fault"] == "write")
     assert outcome["error"]["type"] in ("CheckpointException", "RuntimeError")
     assert outcome["again"] is None
 
 
 def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault):
-    stop = next(f for f in every_fault["faults"] if f["fault"] == "stop")
+    stopped_then_recovered(every_fault)
+
+
+def stopped_then_recovered(report):
+    """A run of ``steps_for(ALL)``'s ``stop``: an ERROR while the worker is stopped, a WARNING
+    once it has recovered, and its save completed."""
+    stop = next(f for f in report["faults"] if f["fault"] == "stop")
     assert stop["error"] is None  # it was only stopped: the save completes after SIGCONT
     save = f"save #{2 * len(ALL) - 1}"  # each fault step and each save count one
-    mine = [entry for entry in every_fault["log"] if save + " " in entry["message"]]
-    assert [entry["level"] for entry in mine] == ["ERROR", "WARNING"], every_fault["log"]
+    mine = [entry for entry in report["log"] if save + " " in entry["message"]]
+    assert [entry["level"] for entry in mine] == ["ERROR", "WARNING"], report["log"]
     error, recovered = mine
     assert "the finalize of save #" in error["message"] and "made progress" in error["message"]
     # reported while the worker was stopped (6 s, from when the harness saw it stopped: later
@@ -145,6 +164,65 @@ def test_with_the_package_a_stopped_worker_is_reported_then_recovers(every_fault
     assert error["t"] < continued <= recovered["t"], (stop, mine)
     assert recovered["t"] - error["t"] <= 5, mine
     assert "ended after" in recovered["message"] or "progress again" in recovered["message"]
+
+
+#: A step that reports the worker that takes the next save, as ``/proc`` shows it: its parent
+#: and whether multiprocessing's ``spawn`` started it (``spawn_main`` in its command line)
+STARTED = """
+    import os
+    from harness import scenario as _scenario
+
+    def _started(trainer):
+        pid = trainer.worker().pid
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            spawned = b"multiprocessing.spawn import spawn_main" in cmdline.read()
+        return {"trainer": os.getpid(), "parent": parent, "spawn_main": spawned}
+
+    _scenario.EXTRA_STEPS["started"] = _started
+"""
+
+
+@pytest.fixture(scope="module")
+def spawned():
+    """``every_fault``'s trainer (every fault in turn, a save after each, one blocking
+    finalize, no_dist=False), its workers started by NVRx's own spawn, as users run it:
+    each a fresh interpreter started from the trainer (``starts="spawn"``; most tests here
+    fork them from a forkserver), so that each NVRx version has a test per fault on the
+    worker as NVRx starts it. The trainer imports the package (start-up activation is
+    ``every_fault``'s). The worker after the last fault, spawned in place of the SIGSEGV'd
+    one, is looked at in ``/proc`` by a last step."""
+    return scenario([*steps_for(ALL), "started#started"], timeout=30, env=STALL,
+                    starts="spawn", prelude=STARTED)
+
+
+def test_under_nvrx_s_own_spawn_nothing_hangs_and_every_later_save_loads(spawned):
+    """Without the package, the faults that hang NVRx hang it whatever starts the worker: the
+    forkserver runs above show it (``test_without_the_package_the_trainer_waits_for_ever``),
+    and are not repeated here."""
+    assert spawned["hang"] is None, spawned["stderr"]
+    assert loaded(spawned) == [0] * (len(ALL) + 2)  # stop: saved too; write: not
+    assert spawned["fix"]["worker_watch"] == "active"
+    started = spawned["named"]["started"]
+    assert started["spawn_main"] and started["parent"] == started["trainer"], started
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_under_nvrx_s_own_spawn_each_fault_is_reported_and_the_next_save_loads(spawned, kind):
+    """What the forkserver runs above assert for each fault, on workers NVRx spawned: a worker
+    that died is one ``CheckpointWorkerError`` from the finalize naming the lost save; a
+    failed write NVRx's own error; a stopped worker an ERROR then a WARNING; and the save
+    after each fault loads. (Without the package: see the test above.)"""
+    if kind == "write":
+        write_failure_is_nvrx_s_error(spawned)
+    elif kind == "stop":
+        stopped_then_recovered(spawned)
+    else:
+        one_error_then_the_next_save_loads(spawned, kind)
+    index = next(i for i, f in enumerate(spawned["faults"]) if f["fault"] == kind)
+    after = next(s for s in spawned["saves"] if s["step"] == spawned["faults"][index]["step"] + 1)
+    assert after["stale"] == 0 and not after.get("lost"), spawned["saves"]
 
 
 @pytest.mark.parametrize("mode", [MODES[0], OTHER_MODES[1]], ids=mode_id)
