@@ -45,6 +45,7 @@ import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
 import torch
 import torch.distributed as dist
 
+
 def _kwargs_accepted(fn, **wanted):
     params = inspect.signature(fn).parameters
     return {k: v for k, v in wanted.items() if k in params}
@@ -364,10 +365,9 @@ def _add(report, key, entry):
     return entry
 
 
-
 #: Step name -> (the report's list its entry goes to, or None; function(trainer, report,
 #: index, step) -> the entry or None). ``PREFIXED``: the same for steps named by a prefix and
-#: an argument (``fault-kill``, ``sleep2``, ``offloading-flush``).
+#: an argument (``sleep2``; the tests' ``fault-kill``, ``offloading-flush``).
 STEPS, PREFIXED = {}, {}
 
 

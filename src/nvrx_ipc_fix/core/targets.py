@@ -83,8 +83,6 @@ class Target:
         return f"Target({self.name})"
 
 
-
-
 def _watch(fix, module, applies):
     """The worker-watch targets of one implementation (NVRx core or megatron-core's copy)."""
     wrapper = "fixes.worker_watch:{}".format

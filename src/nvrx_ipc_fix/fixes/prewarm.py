@@ -14,6 +14,8 @@ from ..worker import prewarm as _prewarming
 
 SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
 INIT_TARGET = f"{CORE}:AsyncCallsQueue.__init__"
+
+
 def init_wrapper(wrapped, queue, args, kwargs):
     """Around ``AsyncCallsQueue.__init__``: with ``NVRX_IPC_FIX_PREWARM=start`` a persistent
     queue starts its worker as soon as it exists, in NVRx's warm-up slot: a framework that

@@ -57,7 +57,6 @@ from .inside import WORKER_IMPORTS, take_file, warm_up
 from .suspend import resume
 
 
-
 @dataclass(frozen=True)
 class PrewarmReport:
     """What one ``prewarm()`` did."""

@@ -21,6 +21,8 @@ from . import inherited, monitor as _monitor
 
 #: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
 SENTINEL = -7331
+
+
 class _CallerState:
     """What the watch knows about one persistent caller."""
 
