@@ -75,34 +75,24 @@ def _stopped(process):
 def start_workers_from_forkserver(core):
     """Let NVRx start its processes (its workers; its results queue's manager) from a
     forkserver instead of a fresh interpreter each, which imports torch and NVRx again
-    (3.5 s of a 2-core VM's CPU): NVRx asks ``mp.get_context("spawn")`` for each; both
-    pickle what they send the same way. The server is the harness's own
+    (3.5 s of a 2-core VM's CPU): NVRx asks ``mp.get_context("spawn")`` for each, which
+    ``SpawnFrom`` (the standby's redirection too) answers with the server; both pickle what
+    they send the same way. The server is the harness's own
     (``worker.private_forkserver``: multiprocessing's stays the test's), forked from this
     process now, before it has a thread of its own, so it has torch and NVRx already
     (``_fork_server``), their writer's module too (its ``torch.distributed.checkpoint``:
     1.6 s of CPU in each worker otherwise). For tests whose subject is not the cold start:
     the standby (``NVRX_IPC_FIX_STANDBY``), a cold start of its own, is off unless the test
     sets it."""
-    import torch.multiprocessing as mp
-
     from nvrx_ipc_fix.core import config
-    from nvrx_ipc_fix.worker.private_forkserver import Context
+    from nvrx_ipc_fix.worker.private_forkserver import Context, SpawnFrom
 
     os.environ.setdefault(config.STANDBY, "off")
     server = Context()
     writer = importlib.import_module(driver.FS)
     _fork_server(server)
-
-    class Contexts:
-        def __getattr__(self, name):
-            return getattr(mp, name)
-
-        @staticmethod
-        def get_context(method=None):
-            return server if method == "spawn" else mp.get_context(method)
-
     for module in (core, writer):
-        module.mp = Contexts()
+        module.mp = SpawnFrom(module.mp, server, every_thread=True)
 
 
 def _fork_server(context):

@@ -16,6 +16,10 @@ instance's four functions (``forkserver.__all__``) are this server's. So the lau
 CPython's on each version (3.10-3.14 have the same), and nothing process-wide is touched.
 The server runs ``forkserver.main`` in a process of its own, and its children are
 forkserver children as any other (multiprocessing's module state there is theirs).
+
+``SpawnFrom`` points NVRx at such a server: NVRx asks its module's ``mp`` for
+``get_context("spawn")`` for each worker; the standby and the tests' harness put a
+``SpawnFrom`` there, the one redirection both use.
 """
 
 import threading
@@ -104,3 +108,20 @@ class _Popen(popen_forkserver.Popen):
     def __init__(self, process_obj):
         self._launch = types.MethodType(process_obj._launcher, self)
         super().__init__(process_obj)
+
+
+class SpawnFrom:
+    """A module's ``mp`` whose ``get_context("spawn")`` is ``context``: in the thread that
+    made it (``every_thread``: in every thread); everything else is ``real``'s."""
+
+    def __init__(self, real, context, every_thread=False):
+        self._real, self._context = real, context
+        self._thread = None if every_thread else threading.get_ident()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def get_context(self, method=None):
+        if method == "spawn" and self._thread in (None, threading.get_ident()):
+            return self._context
+        return self._real.get_context(method)

@@ -35,6 +35,7 @@ from ..core import config as _config, fork as _fork, log as _log, state as _stat
 from ..core.detect import CORE
 from ..core.log import hook_failed, logger
 from ..core.status import STANDBY_NOT_STARTED
+from . import private_forkserver
 from .inside import WORKER_IMPORTS
 from .monitor import stat_fields
 
@@ -103,8 +104,6 @@ def _start():
             _replaced += 1
             logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is replaced: "
                         "the environment changed since it started", current.pid)
-        from . import private_forkserver
-
         unsupported = private_forkserver.unsupported()
         if unsupported is not None:
             _standby = None
@@ -230,31 +229,14 @@ def starting(core):
         if standby is None or not callable(getattr(real, "get_context", None)):
             yield None
             return
-        core.mp = _Contexts(real, standby.context)
+        mine = core.mp = private_forkserver.SpawnFrom(real, standby.context)
         global _forks
         _forks += 1
         try:
             yield standby.pid
         finally:
-            if core.mp.__class__ is _Contexts:
+            if core.mp is mine:
                 core.mp = real
-
-
-class _Contexts:
-    """NVRx's ``mp`` while one thread starts a worker: that thread's ``get_context("spawn")``
-    is the standby's context; everything else is ``mp``'s."""
-
-    def __init__(self, real, standby):
-        self._real, self._standby = real, standby
-        self._thread = threading.get_ident()
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-    def get_context(self, method=None):
-        if method == "spawn" and threading.get_ident() == self._thread:
-            return self._standby
-        return self._real.get_context(method)
 
 
 @_state.on_status("standby")
