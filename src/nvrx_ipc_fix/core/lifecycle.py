@@ -1,4 +1,5 @@
-"""Activation lifecycle: post-import hooks, patch, unpatch, and the status snapshot.
+"""Activation lifecycle: post-import hooks, which targets to patch, the records of what was
+done, and the status snapshot. Wrapping and unwrapping one target is ``patching``'s.
 
 One lock guards the state. A hook is registered once per module per process and checks
 ``_active`` when it fires, so ``deactivate()`` before the import really stops the patch
@@ -6,12 +7,11 @@ and repeated cycles never stack wrappers. When a module is imported, every targe
 there is decided before any is installed: a fix goes in all or nothing per module (a
 target marked ``optional`` excepted), and what does not apply although it should is said
 once by a ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. On
-``deactivate()`` a wrapper that someone else wrapped on top of is not torn out of their
-chain: it is switched off through wrapt's ``enabled`` callable, and switched on again by
-the next ``activate()``.
+``deactivate()`` a wrapper that someone else wrapped on top of stays in their chain,
+switched off and recorded, and is switched on again by the next ``activate()``.
 
-Activation imports only ``os``, ``sys`` and ``_thread``; wrapt, ``inspect`` and
-``logging`` are imported when a target module is imported (torch is loaded by then). A child
+Activation imports only ``os``, ``sys`` and ``_thread``; ``patching``, wrapt, ``inspect``
+and ``logging`` are imported when a target module is imported (torch is loaded by then). A child
 made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's checkpoint module is
 imported, it also lets go of the parent's workers (``inherited``).
 """
@@ -22,7 +22,6 @@ import sys
 from _thread import RLock
 
 from . import config as _config, fork as _fork, hooks as _hooks, state as _state
-from .detect import CORE, MCORE_ASYNC
 from .fix_names import FIXES
 from .targets import ALWAYS, TARGETS
 
@@ -35,7 +34,7 @@ _hooked = set()  # modules with a registered hook
 #: targets of its fix whose loss left this one unpatched (all or nothing), else ()
 _verdicts = {}
 _seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
-_patches = {}  # Target -> _Patch
+_patches = {}  # Target -> patching.Patch
 
 
 def _fresh_lock():
@@ -44,23 +43,6 @@ def _fresh_lock():
 
 
 _fork.in_child(_fresh_lock)
-
-
-class _Patch:
-    """One installed wrapper and what it replaced."""
-
-    __slots__ = ("owner", "name", "original", "wrapper", "enabled", "aliases")
-
-    def __init__(self, owner, name, original):
-        self.owner = owner  # the class or module that holds the attribute
-        self.name = name
-        self.original = original  # the raw attribute from owner.__dict__
-        self.wrapper = None
-        self.enabled = True
-        self.aliases = []  # [(module, name)] bound by `from X import f`, redirected by us
-
-    def is_enabled(self):
-        return self.enabled
 
 
 def activate():
@@ -146,16 +128,11 @@ def _reset():
 
 
 def _remove(target):
-    """Put the original back, or, where someone wrapped on top, switch our wrapper off."""
-    patch = _patches[target]
-    if vars(patch.owner).get(patch.name) is patch.wrapper:
-        setattr(patch.owner, patch.name, patch.original)
-        for module, alias in patch.aliases:
-            if vars(module).get(alias) is patch.wrapper:
-                setattr(module, alias, patch.original)
+    """Take our wrapper out; one left under another wrapper, switched off, stays recorded."""
+    from .patching import remove
+
+    if remove(_patches[target]):
         del _patches[target]
-    else:
-        patch.enabled = False
 
 
 def installed(fix, attr):
@@ -182,10 +159,11 @@ def _on_import(module):
     for name in ALWAYS.get(module.__name__, ()):
         importlib.import_module(f"nvrx_ipc_fix.{name}")
     from . import log as _log, status as _status  # noqa: F401  (used under the lock)
+    from .patching import wrapper_of
 
     mine = [t for t in TARGETS if t.module == module.__name__]
     decided = _all_or_nothing({t: _decide(t, module) for t in mine})
-    wrappers = {t: _wrapper_of(t) for t, (state, *_) in decided.items()
+    wrappers = {t: wrapper_of(t) for t, (state, *_) in decided.items()
                 if state == "active" and t not in _patches}
     found = _distribution(module.__name__)
     with _lock:
@@ -207,10 +185,12 @@ def _decide(target, module):
         return "disabled", f"{_config.DISABLE} names {target.fix}", ()
     if target in _patches:  # left inert under another wrapper by deactivate()
         return "active", "patched (re-enabled under another wrapper)", ()
+    from .patching import problem as shape_problem
+
     try:
         state, reason = target.applies(module)
         if state == "active":
-            problem = _shape_problem(_resolve(module, target.attr)[2], target.params)
+            problem = shape_problem(target, module)
             if problem:
                 return "unsupported", problem, ()
         return state, reason, ()
@@ -243,6 +223,8 @@ def _install_decided(decided, module, wrappers):
     and record each verdict. ``wrappers``: target -> its wrapper function, or the exception
     that getting it raised. A required target whose install raises takes its fix's others
     here out again."""
+    from .patching import install
+
     failed, done = {}, []
     for target, (state, reason, held) in decided.items():
         if state == "active" and target.fix in failed:
@@ -253,7 +235,7 @@ def _install_decided(decided, module, wrappers):
                 if target in _patches:
                     _patches[target].enabled = True
                 else:
-                    _install(target, wrappers[target], *_resolve(module, target.attr))
+                    _patches[target] = install(target, wrappers[target], module)
                 done.append(target)
                 from .log import logger
 
@@ -340,68 +322,6 @@ def _untested(found):
              f"{_detect.TESTED[dist]}); the fixes apply where their checks of its code pass "
              f"(active so far: {', '.join(active) or 'none'}); `python -m nvrx_ipc_fix` shows "
              f"the full state", [("untested", dist)])]
-
-
-def _resolve(module, attr):
-    owner = module
-    *parents, name = attr.split(".")
-    for part in parents:
-        owner = getattr(owner, part, None)
-    return owner, name, None if owner is None else vars(owner).get(name)
-
-
-def _shape_problem(original, params):
-    import inspect
-
-    if original is None:
-        return "not found"
-    function = original.__func__ if isinstance(original, staticmethod) else original
-    if not inspect.isfunction(function):
-        return f"expected a plain function, found {type(original).__name__}"
-    found = tuple(inspect.signature(function).parameters)[: len(params)]
-    if found != params:
-        return f"its parameters {found} are not the expected {params}"
-    return None
-
-
-def _wrapper_of(target):
-    """The target's wrapper function (importing wrapt and its fix module), or the exception
-    that raised: ``_install_decided`` records it as the target's error."""
-    try:
-        import wrapt  # noqa: F401  (_install uses it under the lock)
-
-        module_name, function = target.wrapper.split(":")
-        return getattr(importlib.import_module(f"nvrx_ipc_fix.{module_name}"), function)
-    except Exception as exc:
-        return exc
-
-
-def _install(target, wrapper, owner, name, original):
-    if isinstance(wrapper, Exception):
-        raise wrapper
-    import wrapt  # imported by _wrapper_of
-
-    patch = _Patch(owner, name, original)
-    patch.wrapper = wrapt.FunctionWrapper(original, wrapper, patch.is_enabled)
-    setattr(owner, name, patch.wrapper)
-    if target.aliases:
-        patch.aliases = _redirect_aliases(original, patch.wrapper, skip=owner)
-    _patches[target] = patch
-
-
-def _redirect_aliases(original, wrapper, skip):
-    """Point names bound by ``from X import f`` before the patch at the wrapper."""
-    redirected = []
-    for module in list(sys.modules.values()):
-        try:
-            names = [k for k, v in vars(module).items() if v is original]
-        except TypeError:  # not a module (some packages put other objects in sys.modules)
-            continue
-        for alias in names:
-            if module is not skip:
-                setattr(module, alias, wrapper)
-                redirected.append((module, alias))
-    return redirected
 
 
 def status():
