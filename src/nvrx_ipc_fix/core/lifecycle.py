@@ -1,5 +1,6 @@
 """Activation lifecycle: post-import hooks, which targets to patch, the records of what was
-done, and the status snapshot. Wrapping and unwrapping one target is ``patching``'s.
+done, and the status snapshot. Wrapping and unwrapping one target is ``patching``'s; the
+texts said of a lost fix or an untested version are ``losses``'.
 
 One lock guards the state. A hook is registered once per module per process and checks
 ``_active`` when it fires, so ``deactivate()`` before the import really stops the patch
@@ -10,10 +11,10 @@ once by a ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. 
 ``deactivate()`` a wrapper that someone else wrapped on top of stays in their chain,
 switched off and recorded, and is switched on again by the next ``activate()``.
 
-Activation imports only ``os``, ``sys`` and ``_thread``; ``patching``, wrapt, ``inspect``
-and ``logging`` are imported when a target module is imported (torch is loaded by then). A child
-made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's checkpoint module is
-imported, it also lets go of the parent's workers (``inherited``).
+Activation imports only ``os``, ``sys`` and ``_thread``; ``patching``, ``losses``, wrapt,
+``inspect`` and ``logging`` are imported when a target module is imported (torch is loaded
+by then). A child made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's
+checkpoint module is imported, it also lets go of the parent's workers (``inherited``).
 """
 
 import importlib
@@ -158,19 +159,22 @@ def _on_import(module):
         return
     for name in ALWAYS.get(module.__name__, ()):
         importlib.import_module(f"nvrx_ipc_fix.{name}")
-    from . import log as _log, status as _status  # noqa: F401  (used under the lock)
+    from . import log as _log, losses as _losses  # before the lock: used under it
     from .patching import wrapper_of
 
     mine = [t for t in TARGETS if t.module == module.__name__]
     decided = _all_or_nothing({t: _decide(t, module) for t in mine})
     wrappers = {t: wrapper_of(t) for t, (state, *_) in decided.items()
                 if state == "active" and t not in _patches}
-    found = _distribution(module.__name__)
+    found = _losses.distribution(module.__name__, _seen_dists)
     with _lock:
         if not _active:  # deactivated meanwhile
             return
         _install_decided(decided, module, wrappers)
-        notices = _losses(mine) + _untested(found)
+        notices = _losses.lost(mine, _verdicts)
+        if found and found[0] not in _seen_dists:  # said at its first target module
+            _seen_dists.add(found[0])
+            notices += _losses.untested(found, _verdicts)
     if notices:
         from .log import logger
 
@@ -200,6 +204,7 @@ def _decide(target, module):
 
 def _all_or_nothing(decided):
     """Hold back every target of a fix in this module when one it requires is lost."""
+    from .losses import held_reason
     from .status import LOST
 
     lost = {}
@@ -209,13 +214,8 @@ def _all_or_nothing(decided):
     for target, (state, *_) in decided.items():
         causes = lost.get(target.fix)
         if causes and state == "active":
-            decided[target] = (decided[causes[0]][0], _held_reason(target, causes), tuple(causes))
+            decided[target] = (decided[causes[0]][0], held_reason(target, causes), tuple(causes))
     return decided
-
-
-def _held_reason(target, causes):
-    return (f"not patched: {target.fix} goes in all or nothing, and "
-            f"{', '.join(c.attr for c in causes)} cannot be patched here")
 
 
 def _install_decided(decided, module, wrappers):
@@ -223,13 +223,14 @@ def _install_decided(decided, module, wrappers):
     and record each verdict. ``wrappers``: target -> its wrapper function, or the exception
     that getting it raised. A required target whose install raises takes its fix's others
     here out again."""
+    from .losses import held_reason
     from .patching import install
 
     failed, done = {}, []
     for target, (state, reason, held) in decided.items():
         if state == "active" and target.fix in failed:
             causes = (failed[target.fix],)
-            state, reason, held = "error", _held_reason(target, causes), causes
+            state, reason, held = "error", held_reason(target, causes), causes
         elif state == "active":
             try:
                 if target in _patches:
@@ -246,88 +247,15 @@ def _install_decided(decided, module, wrappers):
                     failed[target.fix] = target
                     for other in reversed([t for t in done if t.fix == target.fix]):
                         _remove(other)
-                        _verdicts[other] = ("error", _held_reason(other, (target,)), (target,))
+                        _verdicts[other] = ("error", held_reason(other, (target,)), (target,))
         _verdicts[target] = (state, reason, held)
-
-
-def _losses(mine):
-    """``(message, keys)`` of the warning for each fix that lost a target of ``mine``."""
-    from .status import LOST
-
-    notices = []
-    for fix in dict.fromkeys(t.fix for t in mine):
-        rows = [(t, *_verdicts[t]) for t in mine if t.fix == fix]
-        keys = [("target", fix, t.name) for t, state, *_ in rows if state in LOST]
-        if keys:
-            how = ("applies only in part" if any(state == "active" for _, state, *_ in rows)
-                   else "does not apply")
-            notices.append((f"nvrx_ipc_fix: {fix} {how}: {_loss(rows)}. NVRx runs as without "
-                            f"it where it is not patched; `python -m nvrx_ipc_fix` shows the "
-                            f"full state", keys))
-    return notices
-
-
-def _loss(rows):
-    """What a fix lost, by module, and what of it still runs. ``rows``: ``(target, state,
-    reason, held)``, ``held`` as in ``_verdicts``."""
-    from .status import LOST
-
-    lost, parts = [r for r in rows if r[1] in LOST], []
-    for module in dict.fromkeys(t.module for t, *_ in lost):
-        why, held = {}, []
-        for target, state, reason, by in (r for r in lost if r[0].module == module):
-            if by:
-                held.append(target.attr)
-            else:
-                why.setdefault((state, reason), []).append(target.attr)
-        text = "; ".join(_said(attrs, *verdict) for verdict, attrs in why.items())
-        parts.append(f"in {module}, {text}" + (f", so not patched either: {', '.join(held)}"
-                                               if held else ""))
-    active = [t.name for t, state, *_ in rows if state == "active"]
-    return "; ".join(parts + ([f"still active: {', '.join(active)}"] if active else []))
-
-
-def _said(attrs, state, reason):
-    verb = "failed" if state == "error" else ("is " if len(attrs) == 1 else "are ") + state
-    return f"{', '.join(attrs)} {verb} ({reason})"
-
-
-def _distribution(module_name):
-    """``(distribution, version, untested)`` of what ships ``module_name`` (its metadata and
-    ``packaging`` are imported to tell), or None for a module of no tested distribution or
-    of one seen already."""
-    from . import detect as _detect
-
-    dist = _detect.shipped_by(module_name)
-    if dist is None or dist in _seen_dists:
-        return None
-    version = _detect.distribution_version(dist)
-    return dist, version, _detect.untested(dist, version)
-
-
-def _untested(found):
-    """The notice for a distribution newer than tested, at the first of its target modules.
-    ``found``: ``_distribution(module_name)``."""
-    from . import detect as _detect
-
-    if found is None or found[0] in _seen_dists:
-        return []
-    dist, version, untested = found
-    _seen_dists.add(dist)
-    if not untested:
-        return []
-    active = dict.fromkeys(t.fix for t in TARGETS if _detect.shipped_by(t.module) == dist
-                           and _verdicts.get(t, ("",))[0] == "active")
-    return [(f"nvrx_ipc_fix: {dist} {version} is untested (newest tested: "
-             f"{_detect.TESTED[dist]}); the fixes apply where their checks of its code pass "
-             f"(active so far: {', '.join(active) or 'none'}); `python -m nvrx_ipc_fix` shows "
-             f"the full state", [("untested", dist)])]
 
 
 def status():
     """A ``Status`` snapshot of this process. Imports nothing that is not imported yet."""
     from . import __version__
     from . import cleanup as _cleanup, detect as _detect
+    from .losses import loss
     from .status import LOST, PRECEDENCE, FixStatus, State, Status, TargetStatus
 
     with _lock:
@@ -338,7 +266,7 @@ def status():
         for fix, summary in FIXES.items():
             mine = [r for r in rows if r[0].fix == fix]
             _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
-            fixes.append(FixStatus(fix, state, _loss(mine) if state in LOST else reason, summary))
+            fixes.append(FixStatus(fix, state, loss(mine) if state in LOST else reason, summary))
         wrapt = sys.modules.get("wrapt")
         return Status(
             version=__version__,
