@@ -1,6 +1,6 @@
-"""Activation lifecycle: post-import hooks, which targets to patch, the records of what was
-done, and the status snapshot. Wrapping and unwrapping one target is ``patching``'s; the
-texts said of a lost fix or an untested version are ``losses``'.
+"""Activation lifecycle: post-import hooks, which targets to patch, and the records of what
+was done, which ``status()`` hands to ``snapshot``. Wrapping and unwrapping one target is
+``patching``'s; the texts said of a lost fix or an untested version are ``losses``'.
 
 One lock guards the state. A hook is registered once per module per process and checks
 ``_active`` when it fires, so ``deactivate()`` before the import really stops the patch
@@ -18,7 +18,6 @@ checkpoint module is imported, it also lets go of the parent's workers (``inheri
 """
 
 import importlib
-import os
 import sys
 from _thread import RLock
 
@@ -252,67 +251,9 @@ def _install_decided(decided, module, wrappers):
 
 
 def status():
-    """A ``Status`` snapshot of this process. Imports nothing that is not imported yet."""
-    from . import __version__
-    from . import cleanup as _cleanup, detect as _detect
-    from .losses import loss
-    from .status import LOST, PRECEDENCE, FixStatus, State, Status, TargetStatus
+    """A ``Status`` snapshot of this process (``snapshot``). Imports nothing that is not
+    imported yet."""
+    from .snapshot import build
 
     with _lock:
-        rows = [(t, *_target_state(t, State), _verdicts[t][2] if t in _verdicts else ())
-                for t in TARGETS]  # (target, state, reason, held)
-        targets = tuple(TargetStatus(t.fix, t.name, state, reason) for t, state, reason, _ in rows)
-        fixes = []
-        for fix, summary in FIXES.items():
-            mine = [r for r in rows if r[0].fix == fix]
-            _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
-            fixes.append(FixStatus(fix, state, loss(mine) if state in LOST else reason, summary))
-        wrapt = sys.modules.get("wrapt")
-        return Status(
-            version=__version__,
-            activated=_active,
-            source=_source,
-            requested_by=tuple(_requested),
-            pid=os.getpid(),
-            nvrx_version=_detect.distribution_version(_detect.NVRX_DIST),
-            wrapt_version=getattr(wrapt, "__version__", None)
-            or _detect.distribution_version("wrapt"),
-            features=_detect.features(),
-            fixes=tuple(fixes),
-            targets=targets,
-            cleanups=_cleanup.totals.cleanups,
-            keys_cleared=_cleanup.totals.keys_cleared,
-            freed_bytes=_cleanup.totals.freed_bytes,
-            releases=_cleanup.totals.releases,
-            prewarms=_cleanup.totals.prewarms,
-            prewarm_failures=_cleanup.totals.prewarm_failures,
-            pinned_bytes=_cleanup.totals.pinned_bytes,
-            **{field: describe() for field, describe in _state.reports.items()},
-            untested=_detect.untested_versions(),
-        )
-
-
-def _target_state(target, State):
-    from . import detect as _detect
-    from .log import errors
-
-    if target.name in errors and target in _patches:  # keyed by name: only a wrapper fails
-        return State.ERROR, f"hook failed: {errors[target.name]}"
-    if not _active:
-        if _config.disabled_fixes(tuple(FIXES)) is None:
-            return State.DISABLED, _config.off_reason()
-        if target in _patches:
-            return State.DISABLED, "deactivated; wrapper left inert under another wrapper"
-        return State.DISABLED, "deactivated" if _source else "not activated"
-    if target in _verdicts:
-        state, reason, _ = _verdicts[target]
-        return State(state), reason
-    if target.fix in (_config.disabled_fixes(tuple(FIXES)) or ()):
-        return State.DISABLED, f"{_config.DISABLE} names {target.fix}"
-    known = target.applies(None)
-    if known is not None and known[0] != "active":
-        return State(known[0]), known[1]
-    dist = _detect.distribution_of(target.module)
-    if dist is not None and not _detect.distribution_version(dist):
-        return State.NOT_APPLICABLE, f"{dist} is not installed"
-    return State.PENDING, f"waiting for `import {target.module}`"
+        return build(_active, _source, _requested, _verdicts, _patches)
