@@ -1,4 +1,6 @@
-"""Activation lifecycle: post-import hooks, patch, unpatch, and the status snapshot.
+"""Activation lifecycle: post-import hooks, which targets to patch, and the records of what
+was done, which ``status()`` hands to ``snapshot``. Wrapping and unwrapping one target is
+``patching``'s; the texts said of a lost fix or an untested version are ``losses``'.
 
 One lock guards the state. A hook is registered once per module per process and checks
 ``_active`` when it fires, so ``deactivate()`` before the import really stops the patch
@@ -6,23 +8,20 @@ and repeated cycles never stack wrappers. When a module is imported, every targe
 there is decided before any is installed: a fix goes in all or nothing per module (a
 target marked ``optional`` excepted), and what does not apply although it should is said
 once by a ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. On
-``deactivate()`` a wrapper that someone else wrapped on top of is not torn out of their
-chain: it is switched off through wrapt's ``enabled`` callable, and switched on again by
-the next ``activate()``.
+``deactivate()`` a wrapper that someone else wrapped on top of stays in their chain,
+switched off and recorded, and is switched on again by the next ``activate()``.
 
-Activation imports only ``os``, ``sys`` and ``_thread``; wrapt, ``inspect`` and
-``logging`` are imported when a target module is imported (torch is loaded by then). A child
-made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's checkpoint module is
-imported, it also lets go of the parent's workers (``inherited``).
+Activation imports only ``os``, ``sys`` and ``_thread``; ``patching``, ``losses``, wrapt,
+``inspect`` and ``logging`` are imported when a target module is imported (torch is loaded
+by then). A child made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's
+checkpoint module is imported, it also lets go of the parent's workers (``inherited``).
 """
 
 import importlib
-import os
 import sys
 from _thread import RLock
 
 from . import config as _config, fork as _fork, hooks as _hooks, state as _state
-from .detect import CORE, MCORE_ASYNC
 from .fix_names import FIXES
 from .targets import ALWAYS, TARGETS
 
@@ -35,7 +34,7 @@ _hooked = set()  # modules with a registered hook
 #: targets of its fix whose loss left this one unpatched (all or nothing), else ()
 _verdicts = {}
 _seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
-_patches = {}  # Target -> _Patch
+_patches = {}  # Target -> patching.Patch
 
 
 def _fresh_lock():
@@ -44,23 +43,6 @@ def _fresh_lock():
 
 
 _fork.in_child(_fresh_lock)
-
-
-class _Patch:
-    """One installed wrapper and what it replaced."""
-
-    __slots__ = ("owner", "name", "original", "wrapper", "enabled", "aliases")
-
-    def __init__(self, owner, name, original):
-        self.owner = owner  # the class or module that holds the attribute
-        self.name = name
-        self.original = original  # the raw attribute from owner.__dict__
-        self.wrapper = None
-        self.enabled = True
-        self.aliases = []  # [(module, name)] bound by `from X import f`, redirected by us
-
-    def is_enabled(self):
-        return self.enabled
 
 
 def activate():
@@ -146,16 +128,11 @@ def _reset():
 
 
 def _remove(target):
-    """Put the original back, or, where someone wrapped on top, switch our wrapper off."""
-    patch = _patches[target]
-    if vars(patch.owner).get(patch.name) is patch.wrapper:
-        setattr(patch.owner, patch.name, patch.original)
-        for module, alias in patch.aliases:
-            if vars(module).get(alias) is patch.wrapper:
-                setattr(module, alias, patch.original)
+    """Take our wrapper out; one left under another wrapper, switched off, stays recorded."""
+    from .patching import remove
+
+    if remove(_patches[target]):
         del _patches[target]
-    else:
-        patch.enabled = False
 
 
 def installed(fix, attr):
@@ -181,18 +158,22 @@ def _on_import(module):
         return
     for name in ALWAYS.get(module.__name__, ()):
         importlib.import_module(f"nvrx_ipc_fix.{name}")
-    from . import log as _log, status as _status  # noqa: F401  (used under the lock)
+    from . import log as _log, losses as _losses  # before the lock: used under it
+    from .patching import wrapper_of
 
     mine = [t for t in TARGETS if t.module == module.__name__]
     decided = _all_or_nothing({t: _decide(t, module) for t in mine})
-    wrappers = {t: _wrapper_of(t) for t, (state, *_) in decided.items()
+    wrappers = {t: wrapper_of(t) for t, (state, *_) in decided.items()
                 if state == "active" and t not in _patches}
-    found = _distribution(module.__name__)
+    found = _losses.distribution(module.__name__, _seen_dists)
     with _lock:
         if not _active:  # deactivated meanwhile
             return
         _install_decided(decided, module, wrappers)
-        notices = _losses(mine) + _untested(found)
+        notices = _losses.lost(mine, _verdicts)
+        if found and found[0] not in _seen_dists:  # said at its first target module
+            _seen_dists.add(found[0])
+            notices += _losses.untested(found, _verdicts)
     if notices:
         from .log import logger
 
@@ -207,10 +188,12 @@ def _decide(target, module):
         return "disabled", f"{_config.DISABLE} names {target.fix}", ()
     if target in _patches:  # left inert under another wrapper by deactivate()
         return "active", "patched (re-enabled under another wrapper)", ()
+    from .patching import problem as shape_problem
+
     try:
         state, reason = target.applies(module)
         if state == "active":
-            problem = _shape_problem(_resolve(module, target.attr)[2], target.params)
+            problem = shape_problem(target, module)
             if problem:
                 return "unsupported", problem, ()
         return state, reason, ()
@@ -220,6 +203,7 @@ def _decide(target, module):
 
 def _all_or_nothing(decided):
     """Hold back every target of a fix in this module when one it requires is lost."""
+    from .losses import held_reason
     from .status import LOST
 
     lost = {}
@@ -229,13 +213,8 @@ def _all_or_nothing(decided):
     for target, (state, *_) in decided.items():
         causes = lost.get(target.fix)
         if causes and state == "active":
-            decided[target] = (decided[causes[0]][0], _held_reason(target, causes), tuple(causes))
+            decided[target] = (decided[causes[0]][0], held_reason(target, causes), tuple(causes))
     return decided
-
-
-def _held_reason(target, causes):
-    return (f"not patched: {target.fix} goes in all or nothing, and "
-            f"{', '.join(c.attr for c in causes)} cannot be patched here")
 
 
 def _install_decided(decided, module, wrappers):
@@ -243,17 +222,20 @@ def _install_decided(decided, module, wrappers):
     and record each verdict. ``wrappers``: target -> its wrapper function, or the exception
     that getting it raised. A required target whose install raises takes its fix's others
     here out again."""
+    from .losses import held_reason
+    from .patching import install
+
     failed, done = {}, []
     for target, (state, reason, held) in decided.items():
         if state == "active" and target.fix in failed:
             causes = (failed[target.fix],)
-            state, reason, held = "error", _held_reason(target, causes), causes
+            state, reason, held = "error", held_reason(target, causes), causes
         elif state == "active":
             try:
                 if target in _patches:
                     _patches[target].enabled = True
                 else:
-                    _install(target, wrappers[target], *_resolve(module, target.attr))
+                    _patches[target] = install(target, wrappers[target], module)
                 done.append(target)
                 from .log import logger
 
@@ -264,207 +246,14 @@ def _install_decided(decided, module, wrappers):
                     failed[target.fix] = target
                     for other in reversed([t for t in done if t.fix == target.fix]):
                         _remove(other)
-                        _verdicts[other] = ("error", _held_reason(other, (target,)), (target,))
+                        _verdicts[other] = ("error", held_reason(other, (target,)), (target,))
         _verdicts[target] = (state, reason, held)
 
 
-def _losses(mine):
-    """``(message, keys)`` of the warning for each fix that lost a target of ``mine``."""
-    from .status import LOST
-
-    notices = []
-    for fix in dict.fromkeys(t.fix for t in mine):
-        rows = [(t, *_verdicts[t]) for t in mine if t.fix == fix]
-        keys = [("target", fix, t.name) for t, state, *_ in rows if state in LOST]
-        if keys:
-            how = ("applies only in part" if any(state == "active" for _, state, *_ in rows)
-                   else "does not apply")
-            notices.append((f"nvrx_ipc_fix: {fix} {how}: {_loss(rows)}. NVRx runs as without "
-                            f"it where it is not patched; `python -m nvrx_ipc_fix` shows the "
-                            f"full state", keys))
-    return notices
-
-
-def _loss(rows):
-    """What a fix lost, by module, and what of it still runs. ``rows``: ``(target, state,
-    reason, held)``, ``held`` as in ``_verdicts``."""
-    from .status import LOST
-
-    lost, parts = [r for r in rows if r[1] in LOST], []
-    for module in dict.fromkeys(t.module for t, *_ in lost):
-        why, held = {}, []
-        for target, state, reason, by in (r for r in lost if r[0].module == module):
-            if by:
-                held.append(target.attr)
-            else:
-                why.setdefault((state, reason), []).append(target.attr)
-        text = "; ".join(_said(attrs, *verdict) for verdict, attrs in why.items())
-        parts.append(f"in {module}, {text}" + (f", so not patched either: {', '.join(held)}"
-                                               if held else ""))
-    active = [t.name for t, state, *_ in rows if state == "active"]
-    return "; ".join(parts + ([f"still active: {', '.join(active)}"] if active else []))
-
-
-def _said(attrs, state, reason):
-    verb = "failed" if state == "error" else ("is " if len(attrs) == 1 else "are ") + state
-    return f"{', '.join(attrs)} {verb} ({reason})"
-
-
-def _distribution(module_name):
-    """``(distribution, version, untested)`` of what ships ``module_name`` (its metadata and
-    ``packaging`` are imported to tell), or None for a module of no tested distribution or
-    of one seen already."""
-    from . import detect as _detect
-
-    dist = _detect.shipped_by(module_name)
-    if dist is None or dist in _seen_dists:
-        return None
-    version = _detect.distribution_version(dist)
-    return dist, version, _detect.untested(dist, version)
-
-
-def _untested(found):
-    """The notice for a distribution newer than tested, at the first of its target modules.
-    ``found``: ``_distribution(module_name)``."""
-    from . import detect as _detect
-
-    if found is None or found[0] in _seen_dists:
-        return []
-    dist, version, untested = found
-    _seen_dists.add(dist)
-    if not untested:
-        return []
-    active = dict.fromkeys(t.fix for t in TARGETS if _detect.shipped_by(t.module) == dist
-                           and _verdicts.get(t, ("",))[0] == "active")
-    return [(f"nvrx_ipc_fix: {dist} {version} is untested (newest tested: "
-             f"{_detect.TESTED[dist]}); the fixes apply where their checks of its code pass "
-             f"(active so far: {', '.join(active) or 'none'}); `python -m nvrx_ipc_fix` shows "
-             f"the full state", [("untested", dist)])]
-
-
-def _resolve(module, attr):
-    owner = module
-    *parents, name = attr.split(".")
-    for part in parents:
-        owner = getattr(owner, part, None)
-    return owner, name, None if owner is None else vars(owner).get(name)
-
-
-def _shape_problem(original, params):
-    import inspect
-
-    if original is None:
-        return "not found"
-    function = original.__func__ if isinstance(original, staticmethod) else original
-    if not inspect.isfunction(function):
-        return f"expected a plain function, found {type(original).__name__}"
-    found = tuple(inspect.signature(function).parameters)[: len(params)]
-    if found != params:
-        return f"its parameters {found} are not the expected {params}"
-    return None
-
-
-def _wrapper_of(target):
-    """The target's wrapper function (importing wrapt and its fix module), or the exception
-    that raised: ``_install_decided`` records it as the target's error."""
-    try:
-        import wrapt  # noqa: F401  (_install uses it under the lock)
-
-        module_name, function = target.wrapper.split(":")
-        return getattr(importlib.import_module(f"nvrx_ipc_fix.{module_name}"), function)
-    except Exception as exc:
-        return exc
-
-
-def _install(target, wrapper, owner, name, original):
-    if isinstance(wrapper, Exception):
-        raise wrapper
-    import wrapt  # imported by _wrapper_of
-
-    patch = _Patch(owner, name, original)
-    patch.wrapper = wrapt.FunctionWrapper(original, wrapper, patch.is_enabled)
-    setattr(owner, name, patch.wrapper)
-    if target.aliases:
-        patch.aliases = _redirect_aliases(original, patch.wrapper, skip=owner)
-    _patches[target] = patch
-
-
-def _redirect_aliases(original, wrapper, skip):
-    """Point names bound by ``from X import f`` before the patch at the wrapper."""
-    redirected = []
-    for module in list(sys.modules.values()):
-        try:
-            names = [k for k, v in vars(module).items() if v is original]
-        except TypeError:  # not a module (some packages put other objects in sys.modules)
-            continue
-        for alias in names:
-            if module is not skip:
-                setattr(module, alias, wrapper)
-                redirected.append((module, alias))
-    return redirected
-
-
 def status():
-    """A ``Status`` snapshot of this process. Imports nothing that is not imported yet."""
-    from . import __version__
-    from . import cleanup as _cleanup, detect as _detect
-    from .status import LOST, PRECEDENCE, FixStatus, State, Status, TargetStatus
+    """A ``Status`` snapshot of this process (``snapshot``). Imports nothing that is not
+    imported yet."""
+    from .snapshot import build
 
     with _lock:
-        rows = [(t, *_target_state(t, State), _verdicts[t][2] if t in _verdicts else ())
-                for t in TARGETS]  # (target, state, reason, held)
-        targets = tuple(TargetStatus(t.fix, t.name, state, reason) for t, state, reason, _ in rows)
-        fixes = []
-        for fix, summary in FIXES.items():
-            mine = [r for r in rows if r[0].fix == fix]
-            _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
-            fixes.append(FixStatus(fix, state, _loss(mine) if state in LOST else reason, summary))
-        wrapt = sys.modules.get("wrapt")
-        return Status(
-            version=__version__,
-            activated=_active,
-            source=_source,
-            requested_by=tuple(_requested),
-            pid=os.getpid(),
-            nvrx_version=_detect.distribution_version(_detect.NVRX_DIST),
-            wrapt_version=getattr(wrapt, "__version__", None)
-            or _detect.distribution_version("wrapt"),
-            features=_detect.features(),
-            fixes=tuple(fixes),
-            targets=targets,
-            cleanups=_cleanup.totals.cleanups,
-            keys_cleared=_cleanup.totals.keys_cleared,
-            freed_bytes=_cleanup.totals.freed_bytes,
-            releases=_cleanup.totals.releases,
-            prewarms=_cleanup.totals.prewarms,
-            prewarm_failures=_cleanup.totals.prewarm_failures,
-            pinned_bytes=_cleanup.totals.pinned_bytes,
-            **{field: describe() for field, describe in _state.reports.items()},
-            untested=_detect.untested_versions(),
-        )
-
-
-def _target_state(target, State):
-    from . import detect as _detect
-    from .log import errors
-
-    if target.name in errors and target in _patches:  # keyed by name: only a wrapper fails
-        return State.ERROR, f"hook failed: {errors[target.name]}"
-    if not _active:
-        if _config.disabled_fixes(tuple(FIXES)) is None:
-            return State.DISABLED, _config.off_reason()
-        if target in _patches:
-            return State.DISABLED, "deactivated; wrapper left inert under another wrapper"
-        return State.DISABLED, "deactivated" if _source else "not activated"
-    if target in _verdicts:
-        state, reason, _ = _verdicts[target]
-        return State(state), reason
-    if target.fix in (_config.disabled_fixes(tuple(FIXES)) or ()):
-        return State.DISABLED, f"{_config.DISABLE} names {target.fix}"
-    known = target.applies(None)
-    if known is not None and known[0] != "active":
-        return State(known[0]), known[1]
-    dist = _detect.distribution_of(target.module)
-    if dist is not None and not _detect.distribution_version(dist):
-        return State.NOT_APPLICABLE, f"{dist} is not installed"
-    return State.PENDING, f"waiting for `import {target.module}`"
+        return build(_active, _source, _requested, _verdicts, _patches)

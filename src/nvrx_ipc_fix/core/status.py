@@ -1,4 +1,4 @@
-"""The frozen ``Status`` that ``status()`` returns, and its table form."""
+"""The frozen ``Status`` that ``status()`` returns, and its table form (built by ``snapshot``)."""
 
 from __future__ import annotations
 

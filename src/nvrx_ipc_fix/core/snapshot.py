@@ -1,0 +1,74 @@
+"""Builds the ``Status`` that ``status()`` returns: each target's state and each fix's, from
+the records ``lifecycle`` hands over under its lock, with the running totals (``cleanup``)
+and what the rooms above report (``state.on_status``). The types are ``status``'."""
+
+import os
+import sys
+
+from . import __version__
+from . import cleanup as _cleanup, config as _config, detect as _detect, log as _log
+from . import state as _state
+from .fix_names import FIXES
+from .losses import loss
+from .status import LOST, PRECEDENCE, FixStatus, State, Status, TargetStatus
+from .targets import TARGETS
+
+
+def build(active, source, requested, verdicts, patched):
+    """The snapshot, from ``lifecycle``'s records: whether it is active, the activation's
+    source, every source that asked, each decided target's ``(state, reason, held)``, and
+    the targets that have a wrapper of ours (switched on or off)."""
+    rows = [(t, *_target_state(t, active, source, verdicts, patched),  # (target, state,
+             verdicts[t][2] if t in verdicts else ()) for t in TARGETS]  # reason, held)
+    targets = tuple(TargetStatus(t.fix, t.name, state, reason) for t, state, reason, _ in rows)
+    fixes = []
+    for fix, summary in FIXES.items():
+        mine = [r for r in rows if r[0].fix == fix]
+        _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
+        fixes.append(FixStatus(fix, state, loss(mine) if state in LOST else reason, summary))
+    wrapt = sys.modules.get("wrapt")
+    return Status(
+        version=__version__,
+        activated=active,
+        source=source,
+        requested_by=tuple(requested),
+        pid=os.getpid(),
+        nvrx_version=_detect.distribution_version(_detect.NVRX_DIST),
+        wrapt_version=getattr(wrapt, "__version__", None)
+        or _detect.distribution_version("wrapt"),
+        features=_detect.features(),
+        fixes=tuple(fixes),
+        targets=targets,
+        cleanups=_cleanup.totals.cleanups,
+        keys_cleared=_cleanup.totals.keys_cleared,
+        freed_bytes=_cleanup.totals.freed_bytes,
+        releases=_cleanup.totals.releases,
+        prewarms=_cleanup.totals.prewarms,
+        prewarm_failures=_cleanup.totals.prewarm_failures,
+        pinned_bytes=_cleanup.totals.pinned_bytes,
+        **{field: describe() for field, describe in _state.reports.items()},
+        untested=_detect.untested_versions(),
+    )
+
+
+def _target_state(target, active, source, verdicts, patched):
+    if target.name in _log.errors and target in patched:  # keyed by name: only a wrapper fails
+        return State.ERROR, f"hook failed: {_log.errors[target.name]}"
+    if not active:
+        if _config.disabled_fixes(tuple(FIXES)) is None:
+            return State.DISABLED, _config.off_reason()
+        if target in patched:
+            return State.DISABLED, "deactivated; wrapper left inert under another wrapper"
+        return State.DISABLED, "deactivated" if source else "not activated"
+    if target in verdicts:
+        state, reason, _ = verdicts[target]
+        return State(state), reason
+    if target.fix in (_config.disabled_fixes(tuple(FIXES)) or ()):
+        return State.DISABLED, f"{_config.DISABLE} names {target.fix}"
+    known = target.applies(None)
+    if known is not None and known[0] != "active":
+        return State(known[0]), known[1]
+    dist = _detect.distribution_of(target.module)
+    if dist is not None and not _detect.distribution_version(dist):
+        return State.NOT_APPLICABLE, f"{dist} is not installed"
+    return State.PENDING, f"waiting for `import {target.module}`"
