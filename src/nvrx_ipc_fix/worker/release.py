@@ -1,6 +1,5 @@
-"""Dropping the CUDA IPC mappings the NVRx checkpoint worker holds: what ``release()`` and
-``offloading()`` do (``worker/release.py``), and the automatic release (fix
-``release_on_offload``).
+"""Dropping the CUDA IPC mappings the NVRx checkpoint worker holds: ``release()`` and
+``offloading()``, and the release the automatic points (fix ``release_on_offload``) call.
 
 ``flush`` keeps the worker: it finalizes pending saves, runs ``_worker.drop_cache`` inside
 the worker through the worker's own request queue, then clears the trainer's caches and
@@ -80,7 +79,7 @@ def check_strategy(strategy):
 
 
 def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
-    """Free the GPU memory the NVRx worker holds through CUDA IPC (``worker/release.py``).
+    """Free the GPU memory the NVRx worker holds through CUDA IPC (docs/release.md).
 
     ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
     ``strategy``: ``"flush"`` (default, or ``NVRX_IPC_FIX_STRATEGY``), ``"terminate"``,
