@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-import costs
 
 try:
     NVRX = metadata.version("nvidia-resiliency-ext")
@@ -478,22 +477,15 @@ def _check_loadgroup(config):
                                 f"pytest {pytest.__version__}: see requirements/test.txt")
 
 
-# -- what the tests cost (tests/costs.py) ------------------------------------------------------
+# -- the session's summary ---------------------------------------------------------------------
 
 _durations = {}  # test id -> seconds (setup, call and teardown); a module skipped or failed
 # at collection counts as one, as pytest's counts do
-_own_costs_file = None  # the records' file this session made (removed at its end)
+SLOWEST = 20  # tests the summary lists
 
 
 def pytest_configure(config):
-    global _own_costs_file
     _check_loadgroup(config)
-    if costs.installed() and not os.environ.get(costs.VARIABLE):
-        import tempfile
-
-        handle, _own_costs_file = tempfile.mkstemp(prefix="nvrx-ipc-fix-costs-", suffix=".tsv")
-        os.close(handle)
-        os.environ[costs.VARIABLE] = _own_costs_file
 
 
 def pytest_sessionstart(session):
@@ -521,25 +513,23 @@ def pytest_collectreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The slowest tests with what they started, and the outcome counts; also written to
-    ``$NVRX_TESTS_SUMMARY`` (tox: each env's, which scripts/test prints at the end). By the
-    controlling process only, under xdist (a worker's own would count its share)."""
+    """The outcome counts and the slowest tests; also written to ``$NVRX_TESTS_SUMMARY``
+    (tox: each env's, which scripts/test prints at the end). By the controlling process only,
+    under xdist (a worker's own would count its share)."""
     if hasattr(terminalreporter.config, "workerinput"):
         return
-    path = os.environ.get(costs.VARIABLE)
     counts = ", ".join(f"{len(terminalreporter.stats.get(key, []))} {key}"
                        for key in ("passed", "failed", "error", "skipped")
                        if terminalreporter.stats.get(key))
-    lines = [f"tests: {counts or 'none run'} in {sum(_durations.values()):.0f} s of test time"]
-    if path:
-        lines += ["slowest tests, with the processes they started (tests/costs.py):",
-                  *costs.summary(_durations, path)]
-    terminalreporter.write_sep("=", "test costs")
+    total = sum(_durations.values())
+    lines = [f"tests: {counts or 'none run'} in {total:.0f} s of test time",
+             f"slowest {SLOWEST} (seconds, setup and teardown included):"]
+    lines += [f"{seconds:8.1f}  {test}" for test, seconds in
+              sorted(_durations.items(), key=lambda item: -item[1])[:SLOWEST]]
+    lines.append(f"{total:8.1f}  all {len(_durations)} tests")
+    terminalreporter.write_sep("=", "test times")
     for line in lines:
         terminalreporter.write_line(line)
     if os.environ.get("NVRX_TESTS_SUMMARY"):
         with open(os.environ["NVRX_TESTS_SUMMARY"], "a") as out:  # an env may run pytest twice
             out.write("\n".join(lines) + "\n")
-    if _own_costs_file is not None:
-        os.unlink(_own_costs_file)
-

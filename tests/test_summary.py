@@ -1,5 +1,5 @@
-"""The summary each pytest session prints (``conftest.pytest_terminal_summary``,
-``tests/costs.py``), which ``scripts/test`` shows for every env."""
+"""The summary each pytest session prints (``conftest.pytest_terminal_summary``), which
+``scripts/test`` shows for every env."""
 
 import os
 import sys
@@ -31,7 +31,7 @@ def test_the_summary_counts_every_outcome_pytest_counts(tmp_path):
         (session / name).write_text(text)
     summary = tmp_path / "summary.txt"
     env = {"PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
-           "NVRX_TESTS_COSTS": str(tmp_path / "costs.tsv"), "NVRX_TESTS_SUMMARY": str(summary)}
+           "NVRX_TESTS_SUMMARY": str(summary)}
     # as tox runs each env: conftest's hooks, xdist's controller writing the summary
     rc, out, err = run_process([sys.executable, "-m", "pytest", "-p", "conftest", "-p",
                                 "no:cacheprovider", "-q", "-n", "1", "--dist", "loadgroup",
