@@ -202,10 +202,10 @@ class Zygote:
             self.lines.clear()
             self.ready = True
 
-    def start(self, code, env, out, err, argv=(), teardown=False):
+    def start(self, code, env, out, err, argv=()):
         self.wait_ready()
         request = {"code": textwrap.dedent(code), "argv": list(argv), "env": env,
-                   "cwd": os.getcwd(), "out": out, "err": err, "teardown": teardown}
+                   "cwd": os.getcwd(), "out": out, "err": err}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         self._read(lambda: any("rc" not in line for line in self.lines), 60)
@@ -316,28 +316,20 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120, argv=()):
 
 
 class Child:
-    """``code`` running, not waited for, for a test that watches it and how it exits: a child
-    of the zygote that ends as an interpreter does, module teardown included (a fresh
-    interpreter where one must stand for it: ``_forkable``). ``pid`` (it leads a session of
-    its own), ``out`` and ``err`` (its stdout's and stderr's paths, in ``directory``);
-    ``wait(timeout)``: its exit status, or None while it runs."""
+    """``code`` running in a fresh interpreter, not waited for, for a test that watches it and
+    how it exits (its module teardown included). ``pid`` (it leads a session of its own),
+    ``out`` and ``err`` (its stdout's and stderr's paths, in ``directory``); ``wait(timeout)``:
+    its exit status, or None while it runs."""
 
     def __init__(self, code, directory, *, fix=True, env=None):
         self.out, self.err = (os.path.join(directory, name) for name in ("stdout", "stderr"))
-        if _forkable(fix, False, env):
-            self.pid = _the_zygote().start(code, _env(fix, False, env), self.out, self.err,
-                                           teardown=True)
-            self._proc = None
-        else:
-            with open(self.out, "w") as out, open(self.err, "w") as err:
-                self._proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
-                                              stdout=out, stderr=err, env=_env(fix, False, env),
-                                              start_new_session=True)
-            self.pid = self._proc.pid
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self._proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
+                                          stdout=out, stderr=err, env=_env(fix, False, env),
+                                          start_new_session=True)
+        self.pid = self._proc.pid
 
     def wait(self, timeout):
-        if self._proc is None:
-            return _zygote[0].wait(self.pid, timeout)
         try:
             return self._proc.wait(timeout)
         except subprocess.TimeoutExpired:

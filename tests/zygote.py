@@ -8,15 +8,14 @@ A forked child is a ``python -c`` as far as the code it runs can tell: ``__main_
 fresh module without a file (so a spawned child imports no main module), ``sys.argv`` is
 ``["-c", ...]``, ``sys.path[0]`` is ``""``, the environment and working directory are the
 test's, its output goes to the test's files, and it ends as the interpreter's exit does but for
-the module teardown (``_exit``), unless the test asks for that too (``teardown``). It leads a
-new session, so that a test's timeout kills its whole group. The zygote imports neither NVRx
+the module teardown (``_exit``; the exit tests, whose subject that is, start fresh
+interpreters). It leads a new session, so that a test's timeout kills its whole group. The zygote imports neither NVRx
 (0.04 s after torch) nor ``nvrx_ipc_fix`` (it runs with start-up activation off): each child
 imports them in the order its code does, as a fresh interpreter would. The preloaded heap is frozen
 (``gc.freeze``): the children's collections do not walk, and so do not copy, torch's objects.
 
 Protocol, one JSON object per line: request ``{"code", "argv", "env", "cwd", "out",
-"err", "teardown"}`` on stdin (the child's ``sys.argv`` is ``["-c", *argv]``; ``teardown``:
-it ends as an interpreter does, module teardown included, for tests of what runs there);
+"err"}`` on stdin (the child's ``sys.argv`` is ``["-c", *argv]``);
 replies ``{"pid"}`` once the child runs and ``{"pid", "rc"}`` once it exited (``rc`` as
 ``subprocess``'s ``returncode``). Children run concurrently (two ranks of a test).
 """
@@ -112,16 +111,13 @@ def _child(request):
 
         traceback.print_exc()
         code = 1
-    if request.get("teardown"):
-        sys.exit(code)  # out of main(): the interpreter's whole exit, its module teardown too
     _exit(code or 0)
 
 
 def _exit(code):
     """The interpreter's exit up to its module teardown: threads joined, ``atexit`` handlers
     run (multiprocessing's stops and joins its children), output flushed. The teardown of a
-    process that imported torch (1.2 s of CPU here) is skipped: only the tests of what runs
-    there ask for it (``teardown``)."""
+    process that imported torch (1.2 s of CPU here) is skipped."""
     import atexit
     import threading
 
