@@ -421,63 +421,11 @@ def scenario_ranks(steps, directory, *, world_size=2, timeout=60, fix=True, env=
     return reports
 
 
-# -- parallel runs (pytest-xdist, --dist loadgroup) ---------------------------------------------
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Tests that share a fixture of a test module wider than a test (one module's scenario
-    run, a session's venv) run on one xdist worker, so that it is set up once: each gets the
-    ``xdist_group`` of such fixtures (tests sharing any of them, one group). pytest's own
-    (``tmp_path_factory``) are cheap and shared by most tests: not grouped."""
-    parent = {}
-
-    def root(key):
-        while parent.setdefault(key, key) != key:
-            key = parent[key]
-        return key
-
-    shared = {}
-    for item in items:
-        info, keys = getattr(item, "_fixtureinfo", None), []
-        for name, defs in (info.name2fixturedefs.items() if info else ()):
-            if defs and defs[-1].scope != "function" and defs[-1].baseid.endswith(".py"):
-                callspec = getattr(item, "callspec", None)
-                index = callspec.indices.get(name, "") if callspec else ""
-                keys.append(f"{defs[-1].baseid}::{name}{index}")
-        for key in keys[1:]:
-            parent[root(key)] = root(keys[0])
-        shared[item] = keys
-    for item, keys in shared.items():
-        if keys:
-            item.add_marker(pytest.mark.xdist_group(root(keys[0])))
-
-
-def _check_loadgroup(config):
-    """pytest-xdist's loadgroup groups an item by appending ``@<group>`` to its ``_nodeid``;
-    stop where ``nodeid`` does not read that (pytest 9.2: requirements/test.txt) rather than
-    set up a module's run on every worker."""
-    if config.getoption("dist", "no") != "loadgroup":
-        return
-    probe = object.__new__(pytest.Function)
-    probe._nodeid = "probe@group"
-    try:
-        grouped = probe.nodeid == "probe@group"
-    except AttributeError:
-        grouped = False
-    if not grouped:
-        raise pytest.UsageError(f"pytest-xdist's --dist loadgroup cannot group tests on "
-                                f"pytest {pytest.__version__}: see requirements/test.txt")
-
-
 # -- the session's summary ---------------------------------------------------------------------
 
 _durations = {}  # test id -> seconds (setup, call and teardown); a module skipped or failed
 # at collection counts as one, as pytest's counts do
 SLOWEST = 20  # tests the summary lists
-
-
-def pytest_configure(config):
-    _check_loadgroup(config)
 
 
 def pytest_sessionstart(session):

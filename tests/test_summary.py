@@ -34,7 +34,7 @@ def test_the_summary_counts_every_outcome_pytest_counts(tmp_path):
            "NVRX_TESTS_SUMMARY": str(summary)}
     # as tox runs each env: conftest's hooks, xdist's controller writing the summary
     rc, out, err = run_process([sys.executable, "-m", "pytest", "-p", "conftest", "-p",
-                                "no:cacheprovider", "-q", "-n", "1", "--dist", "loadgroup",
+                                "no:cacheprovider", "-q", "-n", "1", "--dist", "load",
                                 str(session)], env=env, fresh=True)
     assert rc == 0, out + err
     assert "1 passed, 2 skipped" in out, out

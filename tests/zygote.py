@@ -28,19 +28,13 @@ import sys
 import types
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch.multiprocessing")
-#: Where megatron-core is installed (the megatron and bridge envs): what its import and
-#: Bridge's spend most of their time on (torch.compile's stack, transformers; 2.5 s of a
-#: child's 6.5 s of CPU), none of which imports NVRx, megatron or the package.
-FRAMEWORK_PRELOAD = ("torch._dynamo", "torch._inductor.compile_fx", "transformers")
 
 
 def main():
     import gc
     import importlib
 
-    from importlib.util import find_spec
-
-    for name in PRELOAD + (FRAMEWORK_PRELOAD if find_spec("megatron") else ()):
+    for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError:  # not in this env (no torch): the children import what they need
