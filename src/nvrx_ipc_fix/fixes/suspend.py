@@ -17,19 +17,23 @@ CLOSE_TARGET = f"{CORE}:PersistentAsyncCaller.close"
 def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCallsQueue.schedule_async_request``: the worker runs before the save
     goes to it."""
-    _ready(SCHEDULE_TARGET, _finalizing, queue=queue)
+    if not _finalizing():
+        _ready(SCHEDULE_TARGET, queue=queue)
     return wrapped(*args, **kwargs)
 
 
 def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``PersistentAsyncCaller.close``: the worker runs before it is told to stop."""
-    _ready(CLOSE_TARGET, _finalizing, caller=caller)
+    if not _finalizing():
+        _ready(CLOSE_TARGET, caller=caller)
     return wrapped(*args, **kwargs)
 
 
-def _ready(target, finalizing, **whose):
-    if finalizing():  # the exit handler resumed every worker already
-        return
+def _ready(target, **whose):
+    """Resume ``whose`` worker if suspended. Not while the interpreter finalizes (checked by
+    the wrappers before they look anything up: NVRx's ``__del__`` can close a queue in the
+    module teardown, after this module's globals are gone); the exit handler resumed every
+    worker already."""
     try:
         _suspend.ready(**whose)
     except Exception as exc:
