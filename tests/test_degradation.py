@@ -88,12 +88,10 @@ from nvrx_ipc_fix.cli import doctor
 from nvrx_ipc_fix.core import lifecycle
 core = sys.modules["{CORE}"]
 
-def depth(cls, name):  # wrapt's wrappers on it (a staticmethod has __wrapped__ too)
-    import wrapt
-    f, n = vars(cls).get(name), 0
-    while isinstance(f, wrapt.FunctionWrapper):
-        f, n = f.__wrapped__, n + 1
-    return n
+from harness.wrapping import chain
+
+def steps(cls, name):  # the steps in our one wrapper of it
+    return chain(cls, name)["steps"]
 
 lines = []
 doctor.run(out=lines.append)
@@ -101,7 +99,7 @@ status = nvrx_ipc_fix.status()
 print(json.dumps({{
     "status": status.to_dict(), "doctor": lines,
     "watch_installed": [a for a in {WATCHED!r} if lifecycle.installed("worker_watch", a)],
-    "depth": {{a: depth(getattr(core, a.split(".")[0]), a.split(".")[1])
+    "steps": {{a: steps(getattr(core, a.split(".")[0]), a.split(".")[1])
               for a in {WATCHED!r} if a != "{DONE}"}}}}))
 """
 IMPORT_LINE = 3  # CHILD's line that imports NVRx: where the warnings must point
@@ -130,11 +128,12 @@ def test_a_newer_nvrx_is_untested_once_and_in_status_and_doctor(newer):
     # the fixes still apply where their checks pass: as on the NVRx copied
     assert fixes(seen)["worker_watch"][0] == fixes(seen)["clear_on_close"][0] == "active"
     assert seen["watch_installed"] == list(WATCHED)
-    assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 3,  # watch, prewarm,
-                             "AsyncCallsQueue.maybe_finalize_async_calls": 1,  # suspend
-                             SYNC: 1,
-                             "PersistentAsyncCaller.close": 3,  # watch, clear_on_close, suspend
-                             "PersistentAsyncCaller.async_process_target": 1}, seen["depth"]
+    assert seen["steps"] == {
+        "AsyncCallsQueue.schedule_async_request": ["suspend", "prewarm", "worker_watch"],
+        "AsyncCallsQueue.maybe_finalize_async_calls": ["worker_watch"],
+        SYNC: ["worker_watch"],
+        "PersistentAsyncCaller.close": ["suspend", "clear_on_close", "worker_watch"],
+        "PersistentAsyncCaller.async_process_target": ["worker_watch"]}, seen["steps"]
     assert fixes(seen)["stale_guard"][0] == ("fixed_upstream" if nvrx == "0.7.0" else "active")
     nvrx_lines = [line for line in seen["doctor"] if line[6:].startswith("NVRx: ")]
     assert len(nvrx_lines) == 1 and nvrx_lines[0].startswith("warn  NVRx: 0.9.0: untested"), \
@@ -164,10 +163,10 @@ def test_a_renamed_method_drops_the_whole_watch_and_says_so(renamed):
     assert seen["watch_installed"] == []
     # only the other fixes' wrappers: clear_on_close's and suspend's close, prewarm's and
     # suspend's schedule
-    assert seen["depth"] == {"AsyncCallsQueue.schedule_async_request": 2,
-                             "AsyncCallsQueue.maybe_finalize_async_calls": 0, SYNC: 0,
-                             "PersistentAsyncCaller.close": 2,
-                             "PersistentAsyncCaller.async_process_target": 0}, seen["depth"]
+    assert seen["steps"] == {"AsyncCallsQueue.schedule_async_request": ["suspend", "prewarm"],
+                             "AsyncCallsQueue.maybe_finalize_async_calls": [], SYNC: [],
+                             "PersistentAsyncCaller.close": ["suspend", "clear_on_close"],
+                             "PersistentAsyncCaller.async_process_target": []}, seen["steps"]
     assert fixes(seen)["clear_on_close"][0] == fixes(seen)["prewarm"][0] == "active"
     assert any(line.startswith("warn  fix worker_watch: unsupported: ") and DONE in line
                for line in seen["doctor"]), seen["doctor"]
@@ -237,7 +236,8 @@ lines = []""")
     assert err.count("boom") == 1, err
     assert fixes(seen)["worker_watch"][0] == "unsupported"
     assert fixes(seen)["clear_on_close"][0] == "error"  # its hook failed; its wrapper stays
-    assert seen["depth"]["PersistentAsyncCaller.close"] == 2 and seen["watch_installed"] == []
+    assert seen["steps"]["PersistentAsyncCaller.close"] == ["suspend", "clear_on_close"]
+    assert seen["watch_installed"] == []
 
 
 def test_a_changed_collective_drops_the_whole_watch_and_says_so(other_collective):

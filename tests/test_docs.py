@@ -29,3 +29,14 @@ def test_the_architecture_page_names_every_module():
                if module.stem != "__init__"
                and not re.search(rf"\b{module.stem}\b", blocks[package])]
     assert missing == []
+
+
+def test_the_architecture_page_shows_each_call_s_steps_as_the_table_orders_them():
+    """docs/architecture.md's protocol table is ``targets.CALLS``: every call, its region and
+    its steps in order."""
+    from nvrx_ipc_fix.core.targets import CALLS
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \| (\w*) \| (.*?) \|$", text, re.M)
+    assert rows == [(c.module, c.attr, c.region or "", " → ".join(c.order))
+                    for c in CALLS.values()]

@@ -211,11 +211,9 @@ EXTRA_ARGUMENT = """
     _s.Trainer.save = save
     _s.EXTRA_STEPS["received"] = lambda trainer: {"received": list(_received)}
 
-    def _depth(trainer):  # the package's wrappers on NVRx's method, ours beneath them
-        f, depth = _core.AsyncCallsQueue.__dict__["schedule_async_request"], 0
-        while f is not schedule_async_request:
-            f, depth = f.__wrapped__, depth + 1
-        return {"depth": depth}
+    def _depth(trainer):  # the package's wrapper on NVRx's method, ours beneath it
+        from harness.wrapping import chain
+        return chain(_core.AsyncCallsQueue, "schedule_async_request", schedule_async_request)
 
     _s.EXTRA_STEPS["depth"] = _depth
 """
@@ -229,8 +227,11 @@ def test_the_watch_passes_every_argument_of_a_save_to_nvrx():
                       prelude=EXTRA_ARGUMENT)
     assert report["hang"] is None, report["stderr"]
     assert report["fix"]["worker_watch"] == "active"
-    # worker_watch, and prewarm and suspend where they apply
-    assert report["named"]["depth"]["depth"] == 1 + expect("warmup") + expect("cache")
+    # one wrapper: worker_watch, and prewarm and suspend where they apply
+    assert report["named"]["depth"]["depth"] == 1
+    assert report["named"]["depth"]["steps"] == (["suspend"] * expect("cache")
+                                                 + ["prewarm"] * expect("warmup")
+                                                 + ["worker_watch"])
     assert report["named"]["received"]["received"] == [{"rest": ["extra"], "priority": 3}] * 2
     assert [s["stale"] for s in report["saves"]] == [0, 0]
     assert report["log"] == [], report["log"]  # no hook fell back

@@ -24,6 +24,7 @@ except metadata.PackageNotFoundError:
 
 CHECKER = """
 import importlib, json, sys
+from harness.wrapping import chain
 STEPS = {steps!r}
 SITES = {{"close": ("{core}", "PersistentAsyncCaller"),
           "is_current_async_call_done": ("{core}", "PersistentAsyncCaller"),
@@ -36,13 +37,12 @@ def observe():
     for name, (module, cls) in SITES.items():
         if module not in sys.modules:
             continue
-        raw = vars(getattr(sys.modules[module], cls))[name]
-        depth, f = 0, raw
+        f = vars(getattr(sys.modules[module], cls))[name]
         while hasattr(f, "__wrapped__"):
-            depth, f = depth + 1, f.__wrapped__
+            f = f.__wrapped__
         first = innermost.setdefault(name, f)
-        seen[name] = {{"depth": depth, "same_original": f is first,
-                      "qualname": f.__qualname__}}
+        seen[name] = {{**chain(getattr(sys.modules[module], cls), name),
+                      "same_original": f is first, "qualname": f.__qualname__}}
     if "nvrx_ipc_fix" in sys.modules:
         status = sys.modules["nvrx_ipc_fix"].status()
         seen["activated"] = status.activated
@@ -69,16 +69,15 @@ def run_steps(steps, env=None):
     return run_python(CHECKER.format(steps=list(steps), core=CORE, fs=FS), env=env)
 
 
-def expected_depths(active, imported):
-    """How many of our wrappers sit on each NVRx method in that state."""
+def expected_steps(active, imported):
+    """The fixes' steps in our one wrapper of each NVRx method in that state, in order."""
     on = active and imported
-    # close: worker_watch, and where NVRx caches clear_on_close and suspend
-    return {"close": int(on) + 2 * int(on and expect("cache")),
-            "is_current_async_call_done": int(on),
-            # schedule_async_request: worker_watch, prewarm, and where NVRx caches suspend
-            "schedule_async_request": int(on) + int(on and expect("warmup"))
-            + int(on and expect("cache")),
-            "prepare_write_data": int(on and expect("cache") and not expect("upstream_ptrs"))}
+    cache, warmup = on and expect("cache"), on and expect("warmup")
+    return {"close": ["suspend", "clear_on_close"] * cache + ["worker_watch"] * on,
+            "is_current_async_call_done": ["worker_watch"] * on,
+            "schedule_async_request": (["suspend"] * cache + ["prewarm"] * warmup
+                                       + ["worker_watch"] * on),
+            "prepare_write_data": ["stale_guard"] * (cache and not expect("upstream_ptrs"))}
 
 
 def expected_state(active, imported, key):
@@ -127,9 +126,11 @@ def test_lifecycle_order(steps):
         assert step == wanted
         active = {"pkg": True, "activate": True, "deactivate": False}.get(step, active)
         imported = imported or step == "nvrx"
-        for name, depth in expected_depths(active, imported).items():
-            if imported:
-                assert seen[name]["depth"] == depth, (steps, step, name, seen)
+        for name, wanted in expected_steps(active, imported).items():
+            if imported:  # one wrapper of ours where a fix has a step, never stacked
+                assert seen[name]["steps"] == wanted, (steps, step, name, seen)
+                assert seen[name]["depth"] == seen[name]["ours"] == int(bool(wanted)), \
+                    (steps, step, name, seen)
                 assert seen[name]["same_original"], (steps, step, name)
         if "targets" in seen:
             assert seen["activated"] is active
@@ -140,7 +141,7 @@ def test_lifecycle_order(steps):
 def test_kill_switch_patches_nothing():
     log = run_steps(["pkg", "nvrx", "activate"], env={"NVRX_IPC_FIX_DISABLE": "1"})
     for _, seen in log[1:]:
-        assert seen["close"]["depth"] == 0
+        assert seen["close"]["depth"] == seen["close"]["ours"] == 0
         assert set(seen["targets"].values()) == {"disabled"}
         assert seen["activated"] is False
 
@@ -151,12 +152,18 @@ def test_foreign_wrapper_on_top_is_kept_and_we_go_inert():
     log = dict((s, o) for s, o in run_steps(
         ["pkg", "nvrx", "foreign", "deactivate", "activate", "deactivate"]))
     close = f"{CORE}:PersistentAsyncCaller.close"
-    assert log["foreign"]["close"]["depth"] == 4  # worker_watch, clear_on_close, suspend, theirs
-    assert log["deactivate"]["close"]["depth"] == 4  # left in their chain, switched off
+    three = ["suspend", "clear_on_close", "worker_watch"]
+    assert log["foreign"]["close"] == {**log["foreign"]["close"], "depth": 2, "ours": 1,
+                                       "steps": three}  # ours (its three steps), theirs
+    # left in their chain, switched off: no step
+    assert log["deactivate"]["close"] == {**log["deactivate"]["close"], "depth": 2, "ours": 1,
+                                          "steps": []}
     assert log["deactivate"]["targets"][f"clear_on_close {close}"] == "disabled"
     assert log["deactivate"]["targets"][f"worker_watch {close}"] == "disabled"
     assert log["deactivate"]["targets"][f"suspend {close}"] == "disabled"
-    assert log["activate"]["close"]["depth"] == 4  # re-enabled, never stacked
+    # re-enabled, never stacked
+    assert log["activate"]["close"] == {**log["activate"]["close"], "depth": 2, "ours": 1,
+                                        "steps": three}
 
 
 @pytest.mark.parametrize("fix", ["stale_guard", "worker_watch", "STALE_GUARD , clear_on_close"])
@@ -170,11 +177,12 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
             else:
                 assert state != "disabled", (step, key)
     seen = log[-1][1]
-    assert seen["prepare_write_data"]["depth"] == int(
+    assert seen["prepare_write_data"]["steps"] == ["stale_guard"] * (
         "stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
-    assert seen["close"]["depth"] == (int("worker_watch" not in names)
-                                      + int("clear_on_close" not in names and expect("cache"))
-                                      + int(expect("cache")))  # suspend's
+    assert seen["close"]["steps"] == (["suspend"] * expect("cache")
+                                      + ["clear_on_close"] * ("clear_on_close" not in names
+                                                              and expect("cache"))
+                                      + ["worker_watch"] * ("worker_watch" not in names))
 
 
 def test_activation_and_patching_import_nothing_of_the_cli():

@@ -10,7 +10,7 @@ from conftest import needs_cache, run_python
 RESET = """
     import dataclasses, json, os, sys, tempfile
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.core import cleanup, config, hooks, lifecycle, log
+    from nvrx_ipc_fix.core import cleanup, config, dispatch, hooks, lifecycle, log
     from nvrx_ipc_fix.worker import inside, prewarm, registry, release
     from nvrx_ipc_fix.fixes import stale_guard
     from harness import scenario
@@ -25,6 +25,7 @@ RESET = """
         return {"active": lifecycle._active, "source": lifecycle._source,
                 "requested": list(lifecycle._requested), "hooked": sorted(lifecycle._hooked),
                 "verdicts": len(lifecycle._verdicts), "patches": len(lifecycle._patches),
+                "calls": len(lifecycle._calls), "queue locks": len(dispatch._queue_locks),
                 "hooks": sorted(hooks._hooks), "finder": hooks._FINDER in sys.meta_path,
                 "warned": len(log._warned), "errors": sorted(log.errors),
                 "totals": dataclasses.asdict(cleanup.totals), "callers": len(registry._callers),
@@ -75,10 +76,12 @@ def test_reset_returns_every_record_to_its_value_at_import():
     used, reset, again = seen["used"], seen["reset"], seen["again"]
     assert seen["before"] == [0, 0]
     assert used["active"] and used["wrapped"] and used["totals"]["releases"] == 1
+    assert used["calls"] and used["queue locks"], used
     assert used["callers"] and used["warned"] and used["errors"] and used["verdicts"], used
     assert used["starts"] and used["sizes"] and used["sent"] and len(used["worker imports"]) == 2
     assert reset == {"active": False, "source": None, "requested": [], "hooked": [],
-                     "verdicts": 0, "patches": 0, "hooks": [], "finder": False, "warned": 0,
+                     "verdicts": 0, "patches": 0, "calls": 0, "queue locks": 0, "hooks": [],
+                     "finder": False, "warned": 0,
                      "errors": [], "totals": {key: 0 for key in used["totals"]},
                      "callers": 0, "finalize modes": 0, "starts": 0, "sizes": 0,
                      "released": 0, "sent": 0,

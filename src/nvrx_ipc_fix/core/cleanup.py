@@ -66,6 +66,13 @@ def add(**deltas) -> None:
             setattr(totals, name, getattr(totals, name) + delta)
 
 
+def put(**values) -> None:
+    """Set ``totals`` (from any thread), e.g. ``put(pinned_bytes=n)``."""
+    with _totals_lock:
+        for name, value in values.items():
+            setattr(totals, name, value)
+
+
 def device_free_bytes() -> int | None:
     """Free bytes on the current CUDA device, or ``None`` when CUDA is not in use here."""
     torch = sys.modules.get("torch")

@@ -1,6 +1,6 @@
 """Activation lifecycle: post-import hooks, which targets to patch, and the records of what
-was done, which ``status()`` hands to ``snapshot``. Wrapping and unwrapping one target is
-``patching``'s; the texts said of a lost fix or an untested version are ``losses``'.
+was done, which ``status()`` hands to ``snapshot``. A call's one wrapper and the steps in it
+are ``patching``'s; the texts said of a lost fix or an untested version are ``losses``'.
 
 One lock guards the state. A hook is registered once per module per process and checks
 ``_active`` when it fires, so ``deactivate()`` before the import really stops the patch
@@ -8,8 +8,8 @@ and repeated cycles never stack wrappers. When a module is imported, every targe
 there is decided before any is installed: a fix goes in all or nothing per module (a
 target marked ``optional`` excepted), and what does not apply although it should is said
 once by a ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. On
-``deactivate()`` a wrapper that someone else wrapped on top of stays in their chain,
-switched off and recorded, and is switched on again by the next ``activate()``.
+``deactivate()`` a call's wrapper that someone else wrapped on top of stays in their chain,
+switched off and recorded, and takes the steps again at the next ``activate()``.
 
 Activation imports only ``os``, ``sys`` and ``_thread``; ``patching``, ``losses``, wrapt,
 ``inspect`` and ``logging`` are imported when a target module is imported (torch is loaded
@@ -34,7 +34,8 @@ _hooked = set()  # modules with a registered hook
 #: targets of its fix whose loss left this one unpatched (all or nothing), else ()
 _verdicts = {}
 _seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
-_patches = {}  # Target -> patching.Patch
+_patches = {}  # Target -> the patching.Patch of its call, while its step is in
+_calls = {}  # call name -> patching.Patch: every wrapper of ours in place, switched on or off
 
 
 def _fresh_lock():
@@ -62,6 +63,12 @@ def enable(source, claim=False):
     activation that import made is recorded as the caller's.
     """
     global _active, _source
+    level = _config.log_level()
+    if level is not None:  # imported before the lock: nothing is imported under it
+        from .log import configure
+
+        configure(level)
+    off = _config.disabled_fixes(tuple(FIXES)) is None  # may warn: before the lock too
     with _lock:
         if claim and _requested == ["import"]:  # that import was the caller's
             _requested.clear()
@@ -69,12 +76,7 @@ def enable(source, claim=False):
                 _source = source
         if source not in _requested:
             _requested.append(source)
-        level = _config.log_level()
-        if level is not None:
-            from .log import configure
-
-            configure(level)
-        if _config.disabled_fixes(tuple(FIXES)) is None or _active:
+        if off or _active:
             return
         _active, _source = True, source
         hook, now = [], []
@@ -99,7 +101,7 @@ def deactivate():
         stop()
     with _lock:
         _active = False
-        for target in reversed(list(_patches)):  # the outermost first
+        for target in list(_patches):
             _remove(target)
         _verdicts.clear()
     return status()
@@ -124,22 +126,23 @@ def _reset():
         _hooked.clear()
         _verdicts.clear()
         _seen_dists.clear()
-        _patches.clear()  # what deactivate left inert under another wrapper stays off
+        _patches.clear()
+        _calls.clear()  # what deactivate left inert under another wrapper stays off
 
 
 def _remove(target):
-    """Take our wrapper out; one left under another wrapper, switched off, stays recorded."""
+    """Take ``target``'s step out; a call's wrapper with no step left goes, or, left under
+    another wrapper, switched off, stays recorded."""
     from .patching import remove
 
-    if remove(_patches[target]):
-        del _patches[target]
+    if remove(_patches.pop(target), target):
+        del _calls[target.name]
 
 
 def installed(fix, attr):
     """Is ``fix``'s wrapper of ``attr`` in place and switched on in this process?"""
     with _lock:
-        return _active and any(t.fix == fix and t.attr == attr and p.enabled
-                               for t, p in _patches.items())
+        return _active and any(t.fix == fix and t.attr == attr for t in _patches)
 
 
 def _activated():
@@ -159,17 +162,17 @@ def _on_import(module):
     for name in ALWAYS.get(module.__name__, ()):
         importlib.import_module(f"nvrx_ipc_fix.{name}")
     from . import log as _log, losses as _losses  # before the lock: used under it
-    from .patching import wrapper_of
+    from .patching import step_of
 
     mine = [t for t in TARGETS if t.module == module.__name__]
     decided = _all_or_nothing({t: _decide(t, module) for t in mine})
-    wrappers = {t: wrapper_of(t) for t, (state, *_) in decided.items()
-                if state == "active" and t not in _patches}
+    steps = {t: step_of(t) for t, (state, *_) in decided.items()
+             if state == "active" and t not in _patches}
     found = _losses.distribution(module.__name__, _seen_dists)
     with _lock:
         if not _active:  # deactivated meanwhile
             return
-        _install_decided(decided, module, wrappers)
+        _install_decided(decided, module, steps)
         notices = _losses.lost(mine, _verdicts)
         if found and found[0] not in _seen_dists:  # said at its first target module
             _seen_dists.add(found[0])
@@ -186,14 +189,15 @@ def _decide(target, module):
     """``(state, reason, held)`` of one target, as in ``_verdicts``; never raises."""
     if target.fix in (_config.disabled_fixes(tuple(FIXES)) or ()):
         return "disabled", f"{_config.DISABLE} names {target.fix}", ()
-    if target in _patches:  # left inert under another wrapper by deactivate()
-        return "active", "patched (re-enabled under another wrapper)", ()
+    if target in _patches:
+        return "active", "patched", ()
     from .patching import problem as shape_problem
 
     try:
         state, reason = target.applies(module)
         if state == "active":
-            problem = shape_problem(target, module)
+            patch = _calls.get(target.name)  # our wrapper is there: check what it replaced
+            problem = shape_problem(target, module, patch and patch.original)
             if problem:
                 return "unsupported", problem, ()
         return state, reason, ()
@@ -217,11 +221,11 @@ def _all_or_nothing(decided):
     return decided
 
 
-def _install_decided(decided, module, wrappers):
-    """Install, in ``TARGETS`` order (each wraps what is there: it sets how wrappers nest),
-    and record each verdict. ``wrappers``: target -> its wrapper function, or the exception
-    that getting it raised. A required target whose install raises takes its fix's others
-    here out again."""
+def _install_decided(decided, module, steps):
+    """Add each step that applies to its call's wrapper (the call's order is the table's,
+    whatever the order they come in), and record each verdict. ``steps``: target -> its step
+    function, or the exception that getting it raised. A required target whose install
+    raises takes its fix's others here out again."""
     from .losses import held_reason
     from .patching import install
 
@@ -232,14 +236,16 @@ def _install_decided(decided, module, wrappers):
             state, reason, held = "error", held_reason(target, causes), causes
         elif state == "active":
             try:
-                if target in _patches:
-                    _patches[target].enabled = True
-                else:
-                    _patches[target] = install(target, wrappers[target], module)
+                if target not in _patches:
+                    patch = _calls[target.name] = install(target, steps[target], module,
+                                                          _calls.get(target.name))
+                    _patches[target] = patch
+                    if vars(patch.owner).get(patch.name) is not patch.wrapper:
+                        reason = f"{reason} (re-enabled under another wrapper)"
                 done.append(target)
                 from .log import logger
 
-                logger.info("patched %s: %s", target.name, reason)
+                logger.info("patched %s (%s): %s", target.name, target.fix, reason)
             except Exception as exc:
                 state, reason = "error", f"{type(exc).__name__}: {exc}"
                 if not target.optional:
@@ -256,4 +262,4 @@ def status():
     from .snapshot import build
 
     with _lock:
-        return build(_active, _source, _requested, _verdicts, _patches)
+        return build(_active, _source, _requested, _verdicts, _patches, _calls)

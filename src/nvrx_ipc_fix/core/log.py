@@ -4,14 +4,15 @@ user's line (``warn``), the warnings about settings (``setting_problem``: held b
 start-up until a patched module is imported), and hook errors.
 
 Imported only when something is logged or warned, so that activation does not import
-``logging``. Imports ``state`` alone: every other module may deliver its warnings here.
+``logging``. Imports ``state`` and ``fork`` alone: every other module may deliver its warnings
+here.
 """
 
 import logging
 import os
 import threading
 
-from . import state as _state
+from . import fork as _fork, state as _state
 
 logger = logging.getLogger("nvrx_ipc_fix")
 logger.addHandler(logging.NullHandler())
@@ -25,7 +26,7 @@ def _fresh_lock():
     _lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_fresh_lock)  # the parent's may be held by another thread
+_fork.in_child(_fresh_lock)  # the parent's may be held by a thread the child does not have
 
 #: Target name -> one-line reason of the last failure inside our hook code.
 errors = {}
@@ -67,9 +68,10 @@ def warn(message, *keys):
     then recorded). It never raises: where a warnings filter makes it an exception (``-W
     error``), the message goes to stderr instead, so that no warning breaks the import or the
     call it is about."""
-    if _warned.issuperset(keys):
-        return False
-    _warned.update(keys)
+    with _lock:
+        if _warned.issuperset(keys):
+            return False
+        _warned.update(keys)
     import warnings
 
     try:

@@ -1,39 +1,47 @@
-"""Putting one wrapper in place and taking it out (``lifecycle`` decides which, and when).
+"""Putting a call's one wrapper in place, adding and taking out the fixes' steps in it, and
+taking it out (``lifecycle`` decides which, and when).
 
 A target is found in its module (``Class.attr``) and checked: a plain function whose first
-parameters are the ones its wrapper expects. The wrapper is a ``wrapt.FunctionWrapper``
-switched by ``Patch.enabled``; names bound by ``from X import f`` before the patch are pointed
-at it (a target's ``aliases``). Taken out, the original goes back, or, where someone wrapped
-on top, the wrapper is only switched off. wrapt and ``inspect`` are imported when a target is
-checked or installed, never at activation.
+parameters are the ones its step expects. The call's wrapper is a ``wrapt.FunctionWrapper``
+whose wrapper is the call's ``dispatch.Dispatch``, switched on while it holds a step; names
+bound by ``from X import f`` before the patch are pointed at it (a target's ``aliases``).
+With its last step out, the original goes back, or, where someone wrapped on top, the wrapper
+stays in their chain, switched off, and takes steps again at the next activation. wrapt and
+``inspect`` are imported when a target is checked or installed, never at activation.
 """
 
 import importlib
 import sys
 
+from .dispatch import Dispatch
+from .targets import CALLS
+
 
 class Patch:
-    """One installed wrapper and what it replaced."""
+    """One call's installed wrapper and what it replaced."""
 
-    __slots__ = ("owner", "name", "original", "wrapper", "enabled", "aliases")
+    __slots__ = ("owner", "name", "original", "wrapper", "dispatch", "aliases")
 
-    def __init__(self, owner, name, original):
+    def __init__(self, owner, name, original, call):
         self.owner = owner  # the class or module that holds the attribute
         self.name = name
         self.original = original  # the raw attribute from owner.__dict__
+        self.dispatch = Dispatch(call)
         self.wrapper = None
-        self.enabled = True
         self.aliases = []  # [(module, name)] bound by `from X import f`, redirected by us
 
-    def is_enabled(self):
-        return self.enabled
+    @property
+    def enabled(self):
+        return self.dispatch.enabled()
 
 
-def problem(target, module):
-    """Why ``target`` cannot be wrapped in ``module`` as it is, or None."""
+def problem(target, module, original=None):
+    """Why ``target`` cannot be wrapped in ``module`` as it is, or None. ``original``: what
+    our wrapper replaced, where it is in place."""
     import inspect
 
-    original = _resolve(module, target.attr)[2]
+    if original is None:
+        original = _resolve(module, target.attr)[2]
     if original is None:
         return "not found"
     function = original.__func__ if isinstance(original, staticmethod) else original
@@ -45,37 +53,43 @@ def problem(target, module):
     return None
 
 
-def wrapper_of(target):
-    """The target's wrapper function (importing wrapt and its fix module), or the exception
+def step_of(target):
+    """The target's step function (importing wrapt and its fix module), or the exception
     that raised: ``install`` raises it."""
     try:
         importlib.import_module("wrapt")  # install uses it under lifecycle's lock
-        module_name, function = target.wrapper.split(":")
+        module_name, function = target.step.split(":")
         return getattr(importlib.import_module(f"nvrx_ipc_fix.{module_name}"), function)
     except Exception as exc:
         return exc
 
 
-def install(target, wrapper, module):
-    """Wrap ``target`` in ``module`` with ``wrapper`` (from ``wrapper_of``); returns the
-    ``Patch``."""
-    patch = Patch(*_resolve(module, target.attr))
-    if isinstance(wrapper, Exception):
-        raise wrapper
-    import wrapt  # imported by wrapper_of
+def install(target, step, module, patch=None):
+    """Add ``target``'s ``step`` (from ``step_of``) to its call's wrapper, ``patch``, or to a
+    new one put in place in ``module``; returns the ``Patch``."""
+    if isinstance(step, Exception):
+        raise step
+    if patch is None:
+        patch = Patch(*_resolve(module, target.attr), CALLS[target.name])
+        import wrapt  # imported by step_of
 
-    patch.wrapper = wrapt.FunctionWrapper(patch.original, wrapper, patch.is_enabled)
-    setattr(patch.owner, patch.name, patch.wrapper)
-    if target.aliases:
-        patch.aliases = _redirect_aliases(patch.original, patch.wrapper, skip=patch.owner)
+        patch.wrapper = wrapt.FunctionWrapper(patch.original, patch.dispatch,
+                                              lambda: patch.enabled)
+        setattr(patch.owner, patch.name, patch.wrapper)
+        if target.aliases:
+            patch.aliases = _redirect_aliases(patch.original, patch.wrapper, skip=patch.owner)
+    patch.dispatch.add(target.fix, step)
     return patch
 
 
-def remove(patch):
-    """Put the original back (True), or, where someone wrapped on top, switch the wrapper
-    off (False: it stays in their chain)."""
+def remove(patch, target):
+    """Take ``target``'s step out of ``patch``. With none left, put the original back (True),
+    or, where someone wrapped on top, leave the wrapper in their chain, switched off (False).
+    None while steps remain."""
+    patch.dispatch.discard(target.fix)
+    if patch.enabled:
+        return None
     if vars(patch.owner).get(patch.name) is not patch.wrapper:
-        patch.enabled = False
         return False
     setattr(patch.owner, patch.name, patch.original)
     for module, alias in patch.aliases:

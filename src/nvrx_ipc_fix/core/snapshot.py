@@ -10,17 +10,21 @@ from . import cleanup as _cleanup, config as _config, detect as _detect, log as 
 from . import state as _state
 from .fix_names import FIXES
 from .losses import loss
-from .status import LOST, PRECEDENCE, FixStatus, State, Status, TargetStatus
-from .targets import TARGETS
+from .status import LOST, PRECEDENCE, CallStatus, FixStatus, State, Status, TargetStatus
+from .targets import CALLS, TARGETS
 
 
-def build(active, source, requested, verdicts, patched):
+def build(active, source, requested, verdicts, patched, calls):
     """The snapshot, from ``lifecycle``'s records: whether it is active, the activation's
-    source, every source that asked, each decided target's ``(state, reason, held)``, and
-    the targets that have a wrapper of ours (switched on or off)."""
-    rows = [(t, *_target_state(t, active, source, verdicts, patched),  # (target, state,
-             verdicts[t][2] if t in verdicts else ()) for t in TARGETS]  # reason, held)
+    source, every source that asked, each decided target's ``(state, reason, held)``, the
+    targets whose step is in (``patched``) and the calls that have a wrapper of ours,
+    switched on or off (``calls``)."""
+    rows = [(t, *_target_state(t, active, source, verdicts, patched, calls),  # (target,
+             verdicts[t][2] if t in verdicts else ()) for t in TARGETS]  # state, reason, held)
     targets = tuple(TargetStatus(t.fix, t.name, state, reason) for t, state, reason, _ in rows)
+    in_place = tuple(CallStatus(name, call.region, tuple(
+        fix for fix in call.order if any(t.fix == fix and t.name == name for t in patched)))
+        for name, call in CALLS.items() if name in calls)
     fixes = []
     for fix, summary in FIXES.items():
         mine = [r for r in rows if r[0].fix == fix]
@@ -39,6 +43,7 @@ def build(active, source, requested, verdicts, patched):
         features=_detect.features(),
         fixes=tuple(fixes),
         targets=targets,
+        calls=in_place,
         cleanups=_cleanup.totals.cleanups,
         keys_cleared=_cleanup.totals.keys_cleared,
         freed_bytes=_cleanup.totals.freed_bytes,
@@ -51,13 +56,13 @@ def build(active, source, requested, verdicts, patched):
     )
 
 
-def _target_state(target, active, source, verdicts, patched):
-    if target.name in _log.errors and target in patched:  # keyed by name: only a wrapper fails
+def _target_state(target, active, source, verdicts, patched, calls):
+    if target.name in _log.errors and target in patched:  # keyed by name: only a step fails
         return State.ERROR, f"hook failed: {_log.errors[target.name]}"
     if not active:
         if _config.disabled_fixes(tuple(FIXES)) is None:
             return State.DISABLED, _config.off_reason()
-        if target in patched:
+        if target.name in calls:
             return State.DISABLED, "deactivated; wrapper left inert under another wrapper"
         return State.DISABLED, "deactivated" if source else "not activated"
     if target in verdicts:

@@ -46,6 +46,16 @@ class TargetStatus:
 
 
 @dataclasses.dataclass(frozen=True)
+class CallStatus:
+    """One intercepted call with a wrapper of ours in place: the region it holds and the
+    fixes whose steps run in it now, outermost first (``targets.CALLS``)."""
+
+    call: str  # "module:Qualified.name"
+    region: str | None
+    steps: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class FixStatus:
     name: str
     state: State
@@ -83,6 +93,8 @@ class Status:
     #: The automatic release's strategy in force and why (``worker.suspend``), with the counts
     #: of suspends and resumes.
     suspend: str = SUSPEND_NOT_PROBED
+    #: Each call with a wrapper of ours: its region and its steps in order.
+    calls: tuple[CallStatus, ...] = ()
     #: Distribution -> installed version, for each one newer than the newest version the
     #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
     untested: dict = dataclasses.field(default_factory=dict)
@@ -128,6 +140,13 @@ class Status:
         for t in self.targets:
             lines.append(f"  {t.fix:<{fix_width}}  {t.target:<{width}}  {t.state.value:<14}  "
                          f"{t.reason}")
+        if self.calls:
+            lines += ["", "calls (the steps in each, outermost first):"]
+            width = max(len(c.call) for c in self.calls)
+            for c in self.calls:
+                region = f" [{c.region}]" if c.region else ""
+                lines.append(f"  {c.call:<{width}}  {' > '.join(c.steps) or '(switched off)'}"
+                             f"{region}")
         lines += ["", "NVRx features:"]
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
         lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "

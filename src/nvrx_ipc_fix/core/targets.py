@@ -1,10 +1,14 @@
-"""The one table of patch targets that activation, deactivation, status and tests all read.
+"""The one table of what the package intercepts, which activation, deactivation, status, the
+tests and ``docs/architecture.md`` all read.
 
-Each target names a module, a dotted attribute inside it, its wrapt-style wrapper
-(``module:function`` in this package, imported only when the target is patched), the
-leading parameters the original must have, and a probe that decides, once the module is
-imported, whether the fix applies (``shapes``: what NVRx's and megatron-core's code has).
-Only standard-library names are imported here.
+``CALLS`` names each NVRx (or megatron-core, Megatron, Bridge, NeMo RL, slime) function the
+fixes need, the region its one wrapper holds around them (``core.dispatch``: a queue's lock;
+a save from its planning to its schedule), and the order of the fixes' steps inside it, outermost first: the
+protocol of that call, written once. ``TARGETS`` gives each fix's step in a call: the step
+(``module:function`` in this package, wrapt's signature, imported only when it is
+installed), the leading parameters the original must have, and a probe that decides, once the
+module is imported, whether the fix applies (``shapes``: what NVRx's and megatron-core's
+code has). Only standard-library names are imported here.
 
 Until the module is imported, a probe (given ``None``) decides only where the fix cannot
 apply whatever the module will hold (an installed NVRx without the IPC cache, a setting);
@@ -56,20 +60,20 @@ ALWAYS = {CORE: ("worker.inherited",), MCORE_ASYNC: ("worker.inherited",)}
 
 
 class Target:
-    """One function or method to wrap.
+    """One fix's step in one call (``CALLS``).
 
     A fix is installed in a module all or nothing: when one of its targets there that is not
     ``optional`` cannot be patched, none of them is. An optional target's loss leaves the rest.
     """
 
-    __slots__ = ("fix", "module", "attr", "wrapper", "params", "applies", "aliases", "optional")
+    __slots__ = ("fix", "module", "attr", "step", "params", "applies", "aliases", "optional")
 
-    def __init__(self, fix, module, attr, wrapper, params, applies, aliases=False,
+    def __init__(self, fix, module, attr, step, params, applies, aliases=False,
                  optional=False):
         self.fix = fix
         self.module = module
         self.attr = attr  # dotted path inside the module
-        self.wrapper = wrapper  # "module:function" in this package, wrapt's signature
+        self.step = step  # "module:function" in this package, wrapt's signature
         self.params = params  # leading parameter names the original must have
         self.applies = applies  # module or None -> (state, reason), or None if it needs the module
         self.aliases = aliases  # module-level function: also redirect `from module import attr`
@@ -80,29 +84,116 @@ class Target:
         return f"{self.module}:{self.attr}"
 
     def __repr__(self):
-        return f"Target({self.name})"
+        return f"Target({self.fix} in {self.name})"
+
+
+class Call:
+    """One intercepted function: the region its wrapper holds around the steps (``QUEUE``,
+    ``SCHEDULE``, ``PLANNING`` or None) and the fixes whose steps run in it, outermost first."""
+
+    __slots__ = ("module", "attr", "region", "order")
+
+    def __init__(self, module, attr, order, region=None):
+        self.module, self.attr, self.order, self.region = module, attr, order, region
+
+    @property
+    def name(self):
+        return f"{self.module}:{self.attr}"
+
+    def __repr__(self):
+        return f"Call({self.name})"
+
+
+#: The call's ``self`` is an NVRx (or megatron-core) queue: its wrapper holds that queue's
+#: lock around every step, so that a release, a schedule, a finalize and a close of one queue
+#: never interleave (``core.dispatch.queue_lock``).
+QUEUE = "queue"
+#: ``QUEUE`` for a schedule, which also ends the save's planning (``PLANNING``).
+SCHEDULE = "schedule"
+#: The call is a save's planning (``prepare_write_data``): it waits for a release in another
+#: thread to end, and where it plans to send only a cache key the save is "planned" until
+#: its schedule: a release in another thread waits for it (``core.dispatch.planning``).
+PLANNING = "planning"
+
+
+def _watch_calls(module, fix):
+    """The worker watch's calls in one implementation (NVRx core, megatron-core's copy)."""
+    return (
+        Call(module, "AsyncCallsQueue.schedule_async_request", (fix,), SCHEDULE),
+        Call(module, "AsyncCallsQueue.maybe_finalize_async_calls", (fix,), QUEUE),
+        Call(module, "PersistentAsyncCaller.is_current_async_call_done", (fix,)),
+        Call(module, "AsyncCaller.sync_all_async_calls", (fix,)),
+        Call(module, "PersistentAsyncCaller.close", (fix,)),
+        Call(module, "AsyncCallsQueue.close", (fix,), QUEUE),
+    )
+
+
+_TERMINATE = ("worker_watch", "release_on_offload", "clear_on_close")
+#: NeMo RL's and slime's points where storage leaves (offload) or the model comes back.
+_OFFLOAD_POINTS = (
+    (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit", "offload_wrapper"),
+    (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_after_refit", "offload_wrapper"),
+    (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_lp_inference",  # NeMo RL #4183
+     "reload_wrapper"),
+    (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_training", "onload_wrapper"),
+    (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_inference", "reload_wrapper"),
+    (NEMO_VALUE, "MegatronValueWorkerImpl.finish_inference", "offload_wrapper"),
+    (NEMO_VALUE, "MegatronValueWorkerImpl.finish_training", "offload_wrapper"),
+    (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_training", "onload_wrapper"),
+    # slime's save_model calls sleep() right after scheduling its save (THUDM/slime
+    # 624b824a898a actor.py:571-596): the release finalizes that save first
+    (SLIME_ACTOR, "MegatronTrainRayActor.sleep", "offload_wrapper"),
+    (SLIME_ACTOR, "MegatronTrainRayActor.wake_up", "onload_wrapper"),
+)
+
+#: Every intercepted call, with its region and the order of the fixes' steps, outermost first.
+CALLS = {call.name: call for call in (
+    Call(CORE, "AsyncCallsQueue.__init__", ("prewarm",)),
+    # the worker runs again (suspend) and a prewarmed one is ready (prewarm) before the save
+    # is handed over, watched (worker_watch), all under the queue's lock
+    Call(CORE, "AsyncCallsQueue.schedule_async_request", ("suspend", "prewarm", "worker_watch"),
+         SCHEDULE),
+    Call(CORE, "AsyncCallsQueue.maybe_finalize_async_calls", ("worker_watch",), QUEUE),
+    Call(CORE, "PersistentAsyncCaller.is_current_async_call_done", ("worker_watch",)),
+    Call(CORE, "AsyncCaller.sync_all_async_calls", ("worker_watch",)),
+    # resumed before it is told to stop; the trainer's caches cleared once NVRx's close and
+    # the watch's are done
+    Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
+    Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), QUEUE),
+    Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
+    Call(FS, "FileSystemWriterAsync.prepare_write_data", ("stale_guard",), PLANNING),
+    *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
+    # a terminate that meets a failed save still closes (worker_watch), after the release
+    # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
+    Call(MEGATRON, "maybe_finalize_async_save", _TERMINATE),
+    Call(BRIDGE, "maybe_finalize_async_save", _TERMINATE),
+    *(Call(module, attr, ("release_on_offload",)) for module, attr, _ in _OFFLOAD_POINTS),
+)}
 
 
 def _watch(fix, module, applies):
-    """The worker-watch targets of one implementation (NVRx core or megatron-core's copy)."""
-    wrapper = "fixes.worker_watch:{}".format
+    """The worker-watch steps of one implementation (NVRx core or megatron-core's copy)."""
+    step = "fixes.worker_watch:{}".format
     return (
-        Target(fix, module, "AsyncCallsQueue.schedule_async_request", wrapper("schedule_wrapper"),
+        Target(fix, module, "AsyncCallsQueue.schedule_async_request", step("schedule_wrapper"),
                ("self", "async_request"), applies),
         Target(fix, module, "AsyncCallsQueue.maybe_finalize_async_calls",
-               wrapper("finalize_wrapper"), ("self", "blocking", "no_dist"), applies),
+               step("finalize_wrapper"), ("self", "blocking", "no_dist"), applies),
         Target(fix, module, "PersistentAsyncCaller.is_current_async_call_done",
-               wrapper("done_wrapper"), ("self", "blocking", "no_dist"), applies),
-        Target(fix, module, "AsyncCaller.sync_all_async_calls", wrapper("sync_wrapper"),
+               step("done_wrapper"), ("self", "blocking", "no_dist"), applies),
+        Target(fix, module, "AsyncCaller.sync_all_async_calls", step("sync_wrapper"),
                ("self", "is_alive"), applies),
-        Target(fix, module, "PersistentAsyncCaller.close", wrapper("close_wrapper"), ("self",),
+        Target(fix, module, "PersistentAsyncCaller.close", step("close_wrapper"), ("self",),
                applies),
-        Target(fix, module, "AsyncCallsQueue.close", wrapper("queue_close_wrapper"), ("self",),
+        Target(fix, module, "AsyncCallsQueue.close", step("queue_close_wrapper"), ("self",),
                applies),  # NVRx 0.4.1's takes no abort
     )
 
 
-# The watch's close wrapper comes first, so that it sits under clear_on_close's.
+_MEGATRON_PARAMS = ((MEGATRON, ("blocking", "terminate")),
+                    (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
+
+#: Each fix's step in each call (``CALLS`` orders them).
 TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     # Optional: it only forwards the traceback of an exception outside the request's functions.
     Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
@@ -111,53 +202,30 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
 ) + _watch("mcore_worker_watch", MCORE_ASYNC, persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
            "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
-    Target("clear_on_close", MEGATRON, "maybe_finalize_async_save",
-           "fixes.clear_on_close:finalize_wrapper", ("blocking", "terminate"),
-           nvrx_worker_cache, aliases=True),
-    Target("clear_on_close", BRIDGE, "maybe_finalize_async_save",
-           "fixes.clear_on_close:finalize_wrapper", ("global_state", "ckpt_cfg", "blocking",
-                                                "terminate"), nvrx_worker_cache, aliases=True),
+    *(Target("clear_on_close", module, "maybe_finalize_async_save",
+             "fixes.clear_on_close:finalize_wrapper", params, nvrx_worker_cache, aliases=True)
+      for module, params in _MEGATRON_PARAMS),
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
-    # After the watch's schedule wrapper, so that it sits outside it: a prewarmed worker that
-    # died unused is let go before the watch would call it "died while idle".
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
            "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
     Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",
            ("self", "persistent"), warm_up),
-    # Outermost: the worker runs again before any other wrapper hands it a save or a close.
     Target("suspend", CORE, "AsyncCallsQueue.schedule_async_request",
            "fixes.suspend:schedule_wrapper", ("self", "async_request"), worker_cache),
     Target("suspend", CORE, "PersistentAsyncCaller.close", "fixes.suspend:close_wrapper",
            ("self",), worker_cache),
-) + tuple(
     # each point works alone: a framework release without one of them keeps the others
-    Target("release_on_offload", module, attr, f"fixes.release_on_offload:{wrapper}", ("self",),
-           release_policy, optional=True)
-    for module, attr, wrapper in (  # offload: storage leaves; onload: the model comes back
-        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit", "offload_wrapper"),
-        (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_after_refit", "offload_wrapper"),
-        (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_lp_inference",  # NeMo RL #4183
-         "reload_wrapper"),
-        (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_training", "onload_wrapper"),
-        (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_inference", "reload_wrapper"),
-        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_inference", "offload_wrapper"),
-        (NEMO_VALUE, "MegatronValueWorkerImpl.finish_training", "offload_wrapper"),
-        (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_training", "onload_wrapper"),
-        # slime's save_model calls sleep() right after scheduling its save (THUDM/slime
-        # 624b824a898a actor.py:571-596): the release finalizes that save first
-        (SLIME_ACTOR, "MegatronTrainRayActor.sleep", "offload_wrapper"),
-        (SLIME_ACTOR, "MegatronTrainRayActor.wake_up", "onload_wrapper"),
-    )
-) + tuple(  # NVRX_IPC_FIX_RELEASE=finalize: outside clear_on_close's wrappers of the same
-    Target("release_on_offload", module, "maybe_finalize_async_save",
-           "fixes.release_on_offload:finalize_wrapper", params, release_policy, aliases=True)
-    for module, params in ((MEGATRON, ("blocking", "terminate")),
-                           (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
-) + tuple(  # a terminate that meets a failed save still closes: outside clear_on_close's
-    Target("worker_watch", module, "maybe_finalize_async_save",
-           "fixes.worker_watch:terminate_wrapper", params, framework_queue, aliases=True)
-    for module, params in ((MEGATRON, ("blocking", "terminate")),
-                           (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
+    *(Target("release_on_offload", module, attr, f"fixes.release_on_offload:{step}",
+             ("self",), release_policy, optional=True)
+      for module, attr, step in _OFFLOAD_POINTS),
+    # NVRX_IPC_FIX_RELEASE=finalize
+    *(Target("release_on_offload", module, "maybe_finalize_async_save",
+             "fixes.release_on_offload:finalize_wrapper", params, release_policy, aliases=True)
+      for module, params in _MEGATRON_PARAMS),
+    # a terminate that meets a failed save still closes
+    *(Target("worker_watch", module, "maybe_finalize_async_save",
+             "fixes.worker_watch:terminate_wrapper", params, framework_queue, aliases=True)
+      for module, params in _MEGATRON_PARAMS),
 )

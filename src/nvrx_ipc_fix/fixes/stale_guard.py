@@ -19,6 +19,7 @@ send uncached), as PR #314 does inside NVRx; the worker replaces its entry for t
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 
 from ..core import shapes as _shapes
@@ -31,11 +32,13 @@ PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 #: cache key -> (number of tensor items in the plan,
 #:               ((position among them, storage weakref, data_ptr), ...) of the cached ones)
 _sent: dict[str, tuple] = {}
+_lock = threading.Lock()  # _sent: written by the saving thread, emptied by any (a release)
 
 
 def forget_all() -> None:
     """Drop every record (the caches were cleared, the next save sends everything)."""
-    _sent.clear()
+    with _lock:
+        _sent.clear()
 
 
 on_forget.append(forget_all)
@@ -115,7 +118,8 @@ def _reused_but_moved(instance, plan, planner, resolved) -> bool:
     save)?"""
     if not _shapes.reused(instance):
         return False  # NVRx sent the tensors, or cached nothing
-    record = _sent.get(_shapes.cache_key(instance))
+    with _lock:
+        record = _sent.get(_shapes.cache_key(instance))
     if record is None:
         return True
     count, cached = record
@@ -171,7 +175,9 @@ def _record_sent(instance, plan) -> None:
     items, tensors = sent
     tensor_items = _tensor_items(plan)
     position = {id(item): i for i, item in enumerate(tensor_items)}
-    _sent[key] = (len(tensor_items), tuple(
+    record = (len(tensor_items), tuple(
         (position[id(item)], weakref.ref(tensor.untyped_storage()), tensor.data_ptr())
         for item, tensor in zip(items, tensors)
     ))
+    with _lock:
+        _sent[key] = record

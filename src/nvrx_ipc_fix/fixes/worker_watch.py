@@ -68,8 +68,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     nothing of the queue's count has changed; after it, NVRx's count stands."""
     if _finalizing() or not _shapes.is_persistent(queue):
         return wrapped(*args, **kwargs)
-    with _workers.queue_lock(queue):  # a release in another thread waits (and we for it)
-        return _schedule(wrapped, queue, args, kwargs)
+    return _schedule(wrapped, queue, args, kwargs)
 
 
 def _schedule(wrapped, queue, args, kwargs):
@@ -175,8 +174,7 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     if _finalizing():  # bound early: module globals are gone by then
         return wrapped(*args, **kwargs)
     try:
-        with _workers.queue_lock(queue):  # a release in another thread waits (and we for it)
-            return _finalize(wrapped, queue, args, kwargs)
+        return _finalize(wrapped, queue, args, kwargs)
     except STOP:
         raise
     except BaseException as failure:

@@ -393,7 +393,7 @@ def _pinned(start):
     if isinstance(report.get("entered"), (int, float)):
         start.first_request_s = report["entered"] - start.began_at
     start.pin_s = report.get("pin_s")
-    _cleanup.totals.pinned_bytes = start.pinned_bytes
+    _cleanup.put(pinned_bytes=start.pinned_bytes)
     if start.pin_error:
         logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) pinned %.2f of "
                        "%.2f GiB of host memory ahead of its first save (%s); that save pins the "

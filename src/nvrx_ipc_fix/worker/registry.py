@@ -48,15 +48,13 @@ _lock = threading.Lock()  # _callers: written by the trainer, the resume and pre
 _abandoned = weakref.WeakSet()
 _exit_pid = None  # the process that registered at_exit (a forked child must not run it)
 _no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize call
-_queue_locks = weakref.WeakKeyDictionary()  # queue -> RLock: see queue_lock
 
 
 def _forget_the_parent():
     """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
     (``worker.inherited``, which finds the others), and the watch keeps no record of them."""
-    global _callers, _abandoned, _lock, _queue_locks
+    global _callers, _abandoned, _lock
     _lock = threading.Lock()  # the parent's may be held by a thread this child does not have
-    _queue_locks = weakref.WeakKeyDictionary()
     inherited.forget(list(_callers))
     _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
@@ -124,7 +122,8 @@ def dead(process):
 
 def finalized_with(queue, no_dist):
     """Note the ``no_dist`` of a ``maybe_finalize_async_calls`` call on ``queue``."""
-    _no_dist[queue] = no_dist
+    with _lock:
+        _no_dist[queue] = no_dist
 
 
 def known(caller):
@@ -132,22 +131,11 @@ def known(caller):
     return _callers.get(caller)
 
 
-def queue_lock(queue):
-    """The lock one thread holds while it schedules, finalizes or releases ``queue``'s saves:
-    a release from another thread (an offload hook's, a Ray actor's) waits for a save being
-    scheduled or finalized, and a save for the release (each talks to the one worker, whose
-    answers would otherwise reach the other)."""
-    with _lock:
-        lock = _queue_locks.get(queue)
-        if lock is None:
-            lock = _queue_locks[queue] = threading.RLock()
-    return lock
-
-
 def finalize_no_dist(queue):
     """``no_dist`` of the last ``maybe_finalize_async_calls`` on ``queue`` (before any:
     NVRx's default, False): how a finalize the package makes for the user runs."""
-    return _no_dist.get(queue, False)
+    with _lock:
+        return _no_dist.get(queue, False)
 
 
 def abandon(caller):
@@ -184,7 +172,8 @@ def abandon(caller):
 
 def forget_process(caller, process):
     """The caller no longer has a worker (its close does nothing)."""
-    _abandoned.add(caller)
+    with _lock:
+        _abandoned.add(caller)
     _shapes.detach_worker(caller, process)
 
 
@@ -230,6 +219,6 @@ def describe_exit(code):
 @_state.on_reset
 def _reset():
     """(The exit handler, once registered, stays: it finds no caller to stop.)"""
-    global _callers, _abandoned, _no_dist, _queue_locks
+    global _callers, _abandoned, _no_dist
     _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
-    _no_dist, _queue_locks = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
+    _no_dist = weakref.WeakKeyDictionary()

@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from queue import Empty
 
-from ..core import cleanup as _cleanup, config as _config, shapes as _shapes, state as _state
+from ..core import cleanup as _cleanup, config as _config, dispatch as _dispatch
+from ..core import shapes as _shapes, state as _state
 from ..core.detect import CORE
 from ..core.errors import STOP, add_note, annotate, deliver
 from ..core.log import logger
@@ -173,7 +174,8 @@ def released(queue, strategy, timeout):
     held = []  # what NVRx raised in the release: the first is raised, the rest noted
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        report = _release(queue, strategy, timeout, held)
+        with _dispatch.planning.releasing_region(timeout):  # or RuntimeError: nothing done
+            report = _release(queue, strategy, timeout, held)
     except Exception as defect:
         if not held:
             raise
@@ -206,9 +208,31 @@ def _upstream(call):
 def _finalize(queue):
     """Finalize ``queue``'s pending saves as its own finalize does (``no_dist`` as the last
     ``maybe_finalize_async_calls`` call on it, NVRx's default before any): no rank enters a
-    collective here that its peers' own finalize would not. Returns the failure, if any."""
-    return _upstream(lambda: queue.maybe_finalize_async_calls(
-        blocking=True, no_dist=_workers.finalize_no_dist(queue)))[1]
+    collective here that its peers' own finalize would not. From a thread other than the one
+    that saves, NVRx's all-reduce runs on that thread's device (``dispatch.device_of``)."""
+    with _dispatch.device_of(queue):
+        return queue.maybe_finalize_async_calls(
+            blocking=True, no_dist=_workers.finalize_no_dist(queue))
+
+
+@dataclass
+class _Tally:
+    """What one release did so far, queue by queue."""
+
+    held: list  # what NVRx raised: released() raises the first
+    skipped: list = field(default_factory=list)  # "what: why"
+    errors: list = field(default_factory=list)  # "queue: what went wrong" (the package's)
+    released: int = 0
+    kept: bool = False
+    terminated: bool = False
+    suspended: bool = False
+
+    def upstream(self, call):
+        """``call()``'s result; what NVRx raised in it is held (``_upstream``)."""
+        result, failure = _upstream(call)
+        if failure is not None:
+            self.held.append(failure)
+        return result, failure
 
 
 def _release(queue, strategy, timeout, held):
@@ -226,77 +250,19 @@ def _release(queue, strategy, timeout, held):
                         f"{type(queue).__name__}")
     queues = [queue] if queue is not None else _shapes.live_queues(core)
     keys = _cleanup.cached_key_count() + len(trainer_cache)
-    skipped, errors, released, kept, terminated, suspended = [], [], 0, False, False, False
+    tally = _Tally(held)
     why = _suspend.unavailable() if strategy == "suspend" else None
     if why is not None:
-        skipped.append(f"suspend: {why}; restart instead")
+        tally.skipped.append(f"suspend: {why}; restart instead")
         strategy = "restart"
     if not queues:
-        skipped.append("queues: no live AsyncCallsQueue")
-    for q in queues:
-        with _workers.queue_lock(q):  # a save in another thread waits (and we for it)
-            label = f"queue {id(q):#x}"
-            if not holds_ipc(q):
-                skipped.append(f"{label}: cpu_shm_mode holds no IPC handles")
-                continue
-            if _suspend.suspended(q):
-                if strategy in ("flush", "suspend"):
-                    skipped.append(f"{label}: its worker is suspended: nothing of it is on "
-                                   f"the device")
-                    continue
-                _suspend.ready(q)  # terminate, restart: back to running, then closed
-            if q.get_num_unfinalized_calls():
-                failure = _finalize(q)
-                if failure is not None:
-                    held.append(failure)
-                if q.get_num_unfinalized_calls():  # a failure that finalized nothing
-                    skipped.append(f"{label}: saves still pending after a failed finalize")
-                    continue
-            stopped = False
-            if _prewarm.idle(q):  # a worker waits for q's first save: it holds no IPC mappings
-                if strategy == "flush":
-                    skipped.append(f"{label}: its worker has had no save yet: nothing to release")
-                    continue
-                stopped = _prewarm.stop(q)
-                terminated = terminated or stopped
-                if stopped and strategy == "suspend":  # it has had no save: started again at onload
-                    _suspend.mark_ended(q)
-            if not has_live_worker(q):
-                _released_at[q] = q.call_idx
-                if stopped:
-                    released += 1
-                else:
-                    skipped.append(f"{label}: no live worker")
-                continue
-            _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
-            if strategy in ("terminate", "restart"):
-                failure = _upstream(q.close)[1]
-                if failure is not None:
-                    held.append(failure)
-                terminated = True
-            else:
-                from .inside import drop_cache
-
-                # NVRx's queues, or its abort of a worker that did not answer, may raise
-                error, failure = _upstream(lambda: run_in_worker(q, drop_cache, (), timeout))
-                if failure is not None:
-                    held.append(failure)
-                    error = f"the request to the worker failed ({type(failure).__name__})"
-                if not error and strategy == "suspend":
-                    error = _suspend.suspend(q, _shapes.caller_of(q), timeout, held)
-                    suspended = suspended or not error
-                if error:
-                    errors.append(f"{label}: {error}")
-                    terminated = True
-                    if strategy == "suspend":
-                        _suspend.mark_ended(q)
-                else:
-                    kept = True
-            _released_at[q] = q.call_idx
-            released += 1
+        tally.skipped.append("queues: no live AsyncCallsQueue")
+    with _dispatch.holding(queues, timeout, "release()"):  # or RuntimeError: nothing done
+        for q in queues:
+            _release_queue(q, strategy, timeout, tally)
     trainer_cache.clear()
     cleaned = None
-    if released or keys:
+    if tally.released or keys:
         cleaned = _cleanup.clear_trainer_caches(f"release ({strategy})", free_before, keys)
     else:  # nothing was held: no cleanup to run (or count), only the guard's records to drop
         _cleanup.forget_keys()
@@ -304,17 +270,94 @@ def _release(queue, strategy, timeout, held):
     pin = (sum(_prewarm.planned_pin_bytes(q) for q in queues) if strategy == "restart" else 0)
     if strategy == "restart" and _prewarm.unavailable(core) is None:
         _standby.start()  # inference follows: the next worker's imports happen meanwhile
-    report = ReleaseReport(strategy, freed, time.perf_counter() - start, released, kept,
-                           terminated, keys, tuple(skipped), "; ".join(errors) or None, pin,
-                           suspended)
+    report = ReleaseReport(strategy, freed, time.perf_counter() - start, tally.released,
+                           tally.kept, tally.terminated, keys, tuple(tally.skipped),
+                           "; ".join(tally.errors) or None, pin, tally.suspended)
     if report.error:
         from ..core.log import warn_once
 
         warn_once(("release", report.error), "nvrx_ipc_fix: release: %s", report.error)
-    if released:
+    if tally.released:
         _cleanup.add(releases=1)
         logger.info(report.summary())
     return report
+
+
+def _release_queue(q, strategy, timeout, tally):
+    """Release one queue (its lock held): finalize its pending saves, let a worker that has
+    had no save go, then the strategy's own step (``_STEPS``) on its live worker."""
+    label = f"queue {id(q):#x}"
+    if not holds_ipc(q):
+        tally.skipped.append(f"{label}: cpu_shm_mode holds no IPC handles")
+        return
+    if _suspend.suspended(q):
+        if strategy in ("flush", "suspend"):
+            tally.skipped.append(f"{label}: its worker is suspended: nothing of it is on the "
+                                 "device")
+            return
+        _suspend.ready(q)  # terminate, restart: back to running, then closed
+    if q.get_num_unfinalized_calls():
+        tally.upstream(lambda: _finalize(q))
+        if q.get_num_unfinalized_calls():  # a failure that finalized nothing
+            tally.skipped.append(f"{label}: saves still pending after a failed finalize")
+            return
+    stopped = False
+    if _prewarm.idle(q):  # a worker waits for q's first save: it holds no IPC mappings
+        if strategy == "flush":
+            tally.skipped.append(f"{label}: its worker has had no save yet: nothing to release")
+            return
+        stopped = _prewarm.stop(q)
+        tally.terminated = tally.terminated or stopped
+        if stopped and strategy == "suspend":  # it has had no save: started again at onload
+            _suspend.mark_ended(q)
+    if has_live_worker(q):
+        _cleanup.forget_keys()  # first: whatever happens next, the next save sends tensors
+        error = _STEPS[strategy](q, timeout, tally)
+        if error:
+            tally.errors.append(f"{label}: {error}")
+            tally.terminated = True
+        elif strategy in ("flush", "suspend"):
+            tally.kept = True
+    elif not stopped:
+        tally.skipped.append(f"{label}: no live worker")
+        _released_at[q] = q.call_idx
+        return
+    _released_at[q] = q.call_idx
+    tally.released += 1
+
+
+def _close(q, timeout, tally):
+    """``terminate``, ``restart``: close the worker (NVRx's close; the next save, or
+    ``prewarm``, starts another)."""
+    tally.upstream(q.close)
+    tally.terminated = True
+
+
+def _flush(q, timeout, tally):
+    """``flush``: the worker drops its cache (``inside.drop_cache``) and stays; the error, if
+    it did not answer (it was then aborted or let go)."""
+    from .inside import drop_cache
+
+    # NVRx's queues, or its abort of a worker that did not answer, may raise
+    error, failure = tally.upstream(lambda: run_in_worker(q, drop_cache, (), timeout))
+    return f"the request to the worker failed ({type(failure).__name__})" if failure else error
+
+
+def _flush_and_suspend(q, timeout, tally):
+    """``suspend``: flush, then suspend the worker through the CUDA driver; one that could
+    not be suspended was ended, and the onload starts the next."""
+    error = _flush(q, timeout, tally) or _suspend.suspend(q, _shapes.caller_of(q), timeout,
+                                                          tally.held)
+    if error:
+        _suspend.mark_ended(q)
+    else:
+        tally.suspended = True
+    return error
+
+
+#: Each strategy's step on a live worker (``release()``'s docs: ``docs/release.md``).
+_STEPS = {"flush": _flush, "terminate": _close, "restart": _close,
+          "suspend": _flush_and_suspend}
 
 
 def onload(strategy, queue=None):

@@ -216,9 +216,7 @@ def _resume(s, timeout):
             _driver.unlock(pid, _left(deadline))
     except (_cc.DriverError, _cc.Timeout) as exc:
         failed = exc
-    with _lock:
-        _suspended.pop(pid, None)
-    try:
+    try:  # still suspended for ``ready``, which waits for ``resumed``, until it is ended
         if process.exitcode is not None:
             logger.warning("the NVRx checkpoint worker (pid %s) died while suspended (%s); "
                            "its queue's next save reports it", pid,
@@ -234,6 +232,8 @@ def _resume(s, timeout):
             logger.info("resumed the NVRx checkpoint worker (pid %s) in %.2f s, %.2f s after "
                         "its suspend", pid, restore_s, time.monotonic() - s.began)
     finally:
+        with _lock:
+            _suspended.pop(pid, None)
         s.resumed.set()
 
 
