@@ -77,7 +77,8 @@ def expected_steps(active, imported):
             "is_current_async_call_done": ["worker_watch"] * on,
             "schedule_async_request": (["suspend"] * cache + ["prewarm"] * warmup
                                        + ["worker_watch"] * on),
-            "prepare_write_data": ["stale_guard"] * (cache and not expect("upstream_ptrs"))}
+            "prepare_write_data": (["clear_on_close"] * cache
+                                   + ["stale_guard"] * (cache and not expect("upstream_ptrs")))}
 
 
 def expected_state(active, imported, key):
@@ -103,7 +104,7 @@ def expected_state(active, imported, key):
         return "active" if expect("warmup") else "not_applicable"
     if not expect("cache"):
         return "not_applicable"
-    if attr == "FileSystemWriterAsync.prepare_write_data" and expect("upstream_ptrs"):
+    if fix == "stale_guard" and expect("upstream_ptrs"):
         return "fixed_upstream"
     return "active"
 
@@ -177,8 +178,10 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
             else:
                 assert state != "disabled", (step, key)
     seen = log[-1][1]
-    assert seen["prepare_write_data"]["steps"] == ["stale_guard"] * (
-        "stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
+    assert seen["prepare_write_data"]["steps"] == (
+        ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
+        + ["stale_guard"] * ("stale_guard" not in names and expect("cache")
+                             and not expect("upstream_ptrs")))
     assert seen["close"]["steps"] == (["suspend"] * expect("cache")
                                       + ["clear_on_close"] * ("clear_on_close" not in names
                                                               and expect("cache"))

@@ -9,7 +9,7 @@ from conftest import needs_nvrx, run_python
 
 def test_every_step_has_its_place_in_its_call_and_every_place_a_step():
     from nvrx_ipc_fix.core.fix_names import FIXES
-    from nvrx_ipc_fix.core.targets import CALLS, PLANNING, QUEUE, SCHEDULE, TARGETS
+    from nvrx_ipc_fix.core.targets import CALLS, QUEUE, SCHEDULE, TARGETS
 
     for target in TARGETS:
         assert target.fix in CALLS[target.name].order, target
@@ -17,7 +17,7 @@ def test_every_step_has_its_place_in_its_call_and_every_place_a_step():
         assert len(set(call.order)) == len(call.order) and set(call.order) <= set(FIXES), call
         for fix in call.order:
             assert any(t.fix == fix and t.name == call.name for t in TARGETS), (call, fix)
-        assert call.region in (None, QUEUE, SCHEDULE, PLANNING), call
+        assert call.region in (None, QUEUE, SCHEDULE), call
         if call.region in (QUEUE, SCHEDULE):  # its self is the queue whose lock it holds
             assert call.attr.startswith("AsyncCallsQueue."), call
 

@@ -15,10 +15,11 @@ The regions (``targets``):
 * ``SCHEDULE``: ``QUEUE``, and the save's planning ends (``planning.scheduled``) once the
   schedule returned or raised; the rank's CUDA device is noted for the queue (``device_of``),
   for a finalize that ``release()`` runs from another thread.
-* ``PLANNING``: a save's planning (``prepare_write_data``) waits for a release in another
-  thread to end; where it plans to send only a cache key (the worker's cache must stay as it
-  is until the save reaches the worker), the save is *planned* until its schedule, and a
-  release in another thread waits for it (bounded) before it touches anything.
+
+A save's planning (``prepare_write_data``, fix ``clear_on_close``: ``planning``) waits for a
+release in another thread to end; where it plans to send only a cache key (the worker's cache
+must stay as it is until the save reaches the worker), the save is *planned* until its
+schedule, and a release in another thread waits for it (bounded) before it touches anything.
 """
 
 from __future__ import annotations
@@ -93,9 +94,6 @@ class Dispatch:
         region = self.call.region
         if region is None or _finalizing():  # module globals are gone in the teardown
             return run(args, kwargs)
-        if region == "planning":
-            with planning.planning(instance):
-                return run(args, kwargs)
         with queue_lock(instance):
             if region != "schedule":
                 return run(args, kwargs)

@@ -4,15 +4,14 @@ user's line (``warn``), the warnings about settings (``setting_problem``: held b
 start-up until a patched module is imported), and hook errors.
 
 Imported only when something is logged or warned, so that activation does not import
-``logging``. Imports ``state`` and ``fork`` alone: every other module may deliver its warnings
-here.
+``logging``. Imports ``state`` alone: every other module may deliver its warnings here.
 """
 
 import logging
 import os
 import threading
 
-from . import fork as _fork, state as _state
+from . import state as _state
 
 logger = logging.getLogger("nvrx_ipc_fix")
 logger.addHandler(logging.NullHandler())
@@ -26,7 +25,9 @@ def _fresh_lock():
     _lock = threading.Lock()
 
 
-_fork.in_child(_fresh_lock)  # the parent's may be held by a thread the child does not have
+# the parent's may be held by a thread the child does not have; not through ``fork.in_child``,
+# which reports its callbacks' failures here
+os.register_at_fork(after_in_child=_fresh_lock)
 
 #: Target name -> one-line reason of the last failure inside our hook code.
 errors = {}

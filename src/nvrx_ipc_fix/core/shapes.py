@@ -68,6 +68,22 @@ def writer_cache(fs):
     return "active", "NVRx caches IPC handles without checking the storage"
 
 
+def writer_keys(fs):
+    """NVRx filesystem_async: does the writer plan saves that send only a cache key (the IPC
+    cache's ``_cached_identifiers``), which a release must not drop before they reach the
+    worker?"""
+    writer = getattr(fs, "FileSystemWriterAsync", None)
+    if writer is None:
+        if fs is None or initializing(fs):
+            return None  # decided once the module is imported
+        return "not_applicable", "this NVRx has no FileSystemWriterAsync"
+    if "_cached_identifiers" not in vars(writer):
+        return "not_applicable", ("this NVRx has no IPC tensor cache "
+                                  "(no FileSystemWriterAsync._cached_identifiers)")
+    return "active", ("a save planned to send only a cache key keeps a release in another "
+                      "thread waiting until it is scheduled")
+
+
 def persistent_worker(module):
     """NVRx core or megatron-core async_utils: is there a persistent worker we can watch?"""
     if module is None:

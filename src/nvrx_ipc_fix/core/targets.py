@@ -3,7 +3,7 @@ tests and ``docs/architecture.md`` all read.
 
 ``CALLS`` names each NVRx (or megatron-core, Megatron, Bridge, NeMo RL, slime) function the
 fixes need, the region its one wrapper holds around them (``core.dispatch``: a queue's lock;
-a save from its planning to its schedule), and the order of the fixes' steps inside it, outermost first: the
+a save planned to send only a cache key until its schedule), and the order of the fixes' steps inside it, outermost first: the
 protocol of that call, written once. ``TARGETS`` gives each fix's step in a call: the step
 (``module:function`` in this package, wrapt's signature, imported only when it is
 installed), the leading parameters the original must have, and a probe that decides, once the
@@ -32,9 +32,9 @@ def _probe(name):
     return applies
 
 
-nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop, writer_cache = map(
-    _probe, ("nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache", "worker_loop",
-             "writer_cache"))
+(nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop, writer_cache,
+ writer_keys) = map(_probe, ("nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache",
+                             "worker_loop", "writer_cache", "writer_keys"))
 
 
 def framework_queue(module):
@@ -89,7 +89,7 @@ class Target:
 
 class Call:
     """One intercepted function: the region its wrapper holds around the steps (``QUEUE``,
-    ``SCHEDULE``, ``PLANNING`` or None) and the fixes whose steps run in it, outermost first."""
+    ``SCHEDULE`` or None) and the fixes whose steps run in it, outermost first."""
 
     __slots__ = ("module", "attr", "region", "order")
 
@@ -108,12 +108,9 @@ class Call:
 #: lock around every step, so that a release, a schedule, a finalize and a close of one queue
 #: never interleave (``core.dispatch.queue_lock``).
 QUEUE = "queue"
-#: ``QUEUE`` for a schedule, which also ends the save's planning (``PLANNING``).
+#: ``QUEUE`` for a schedule, which also ends the oldest save this thread planned to send only a
+#: cache key (``core.dispatch.planning``: a release in another thread waits for such a save).
 SCHEDULE = "schedule"
-#: The call is a save's planning (``prepare_write_data``): it waits for a release in another
-#: thread to end, and where it plans to send only a cache key the save is "planned" until
-#: its schedule: a release in another thread waits for it (``core.dispatch.planning``).
-PLANNING = "planning"
 
 
 def _watch_calls(module, fix):
@@ -161,7 +158,9 @@ CALLS = {call.name: call for call in (
     Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
     Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), QUEUE),
     Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
-    Call(FS, "FileSystemWriterAsync.prepare_write_data", ("stale_guard",), PLANNING),
+    # the planned key stays valid until the schedule (clear_on_close), around the re-send of
+    # moved storage (stale_guard)
+    Call(FS, "FileSystemWriterAsync.prepare_write_data", ("clear_on_close", "stale_guard")),
     *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
     # a terminate that meets a failed save still closes (worker_watch), after the release
     # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
@@ -202,6 +201,9 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
 ) + _watch("mcore_worker_watch", MCORE_ASYNC, persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
            "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
+    Target("clear_on_close", FS, "FileSystemWriterAsync.prepare_write_data",
+           "fixes.clear_on_close:planning_wrapper", ("self", "plan", "planner"),
+           writer_keys),
     *(Target("clear_on_close", module, "maybe_finalize_async_save",
              "fixes.clear_on_close:finalize_wrapper", params, nvrx_worker_cache, aliases=True)
       for module, params in _MEGATRON_PARAMS),

@@ -1,14 +1,19 @@
-"""Fix ``clear_on_close``: forget what the worker cached as soon as the worker is closed.
+"""Fix ``clear_on_close``: forget what the worker cached as soon as the worker is closed, and
+keep what a save planned valid until it reaches the worker.
 
 Without it the next save sends only a cache key to a fresh worker, which dies with
 "Worker cache miss" while the trainer waits for ever in ``preload_q.join()``
 (NVRx 0.6.0 and 0.7.0; NVRx's own restart callback runs after the payload was chosen).
+The same miss follows a ``release()`` from another thread that lands between a save's
+planning, which chose to send only the key, and its schedule: that release waits
+(``core.dispatch.planning``).
 """
 
 from __future__ import annotations
 
 import sys
 
+from ..core import dispatch as _dispatch
 from ..core.arguments import flags
 from ..core.cleanup import cached_key_count, clear_trainer_caches, device_free_bytes
 from ..core.detect import CORE
@@ -32,6 +37,13 @@ def close_wrapper(wrapped, instance, args, kwargs):
         except Exception as exc:
             hook_failed(CLOSE_TARGET, exc)
     return result
+
+
+def planning_wrapper(wrapped, writer, args, kwargs):
+    """Around ``FileSystemWriterAsync.prepare_write_data``: wait for a release in another
+    thread to end; a save planned to send only a cache key is planned until its schedule."""
+    with _dispatch.planning.planning(writer):
+        return wrapped(*args, **kwargs)
 
 
 def finalize_wrapper(wrapped, instance, args, kwargs):
