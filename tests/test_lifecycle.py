@@ -78,7 +78,10 @@ def expected_depths(active, imported):
             # schedule_async_request: worker_watch, prewarm, and where NVRx caches suspend
             "schedule_async_request": int(on) + int(on and expect("warmup"))
             + int(on and expect("cache")),
-            "prepare_write_data": int(on and expect("cache") and not expect("upstream_ptrs"))}
+            # prepare_write_data: worker_watch (a rank says it runs the package), and where
+            # NVRx caches without checking the storage stale_guard
+            "prepare_write_data": int(on) + int(on and expect("cache")
+                                                and not expect("upstream_ptrs"))}
 
 
 def expected_state(active, imported, key):
@@ -170,7 +173,7 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
             else:
                 assert state != "disabled", (step, key)
     seen = log[-1][1]
-    assert seen["prepare_write_data"]["depth"] == int(
+    assert seen["prepare_write_data"]["depth"] == int("worker_watch" not in names) + int(
         "stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
     assert seen["close"]["depth"] == (int("worker_watch" not in names)
                                       + int("clear_on_close" not in names and expect("cache"))

@@ -28,9 +28,9 @@ def _probe(name):
     return applies
 
 
-nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop, writer_cache = map(
-    _probe, ("nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache", "worker_loop",
-             "writer_cache"))
+(announces, nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop,
+ writer_cache) = map(_probe, ("announces", "nvrx_worker_cache", "persistent_worker", "warm_up",
+                              "worker_cache", "worker_loop", "writer_cache"))
 
 
 def framework_queue(module):
@@ -120,6 +120,11 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
+    # Outside stale_guard's. Optional: without it a rank says it runs the package at its first
+    # schedule, where the check is made.
+    Target("worker_watch", FS, "FileSystemWriterAsync.prepare_write_data",
+           "fixes.worker_watch:prepare_wrapper", ("self", "plan", "planner"), announces,
+           optional=True),
     # After the watch's schedule wrapper, so that it sits outside it: a prewarmed worker that
     # died unused is let go before the watch would call it "died while idle".
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
