@@ -77,7 +77,9 @@ def expected_steps(active, imported):
             "is_current_async_call_done": ["worker_watch"] * on,
             "schedule_async_request": (["suspend"] * cache + ["prewarm"] * warmup
                                        + ["worker_watch"] * on),
-            "prepare_write_data": (["clear_on_close"] * cache
+            # a rank says it runs the package (worker_watch), a planned key stays valid
+            # (clear_on_close), stale storage is re-sent (stale_guard)
+            "prepare_write_data": (["worker_watch"] * on + ["clear_on_close"] * cache
                                    + ["stale_guard"] * (cache and not expect("upstream_ptrs")))}
 
 
@@ -179,7 +181,8 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
                 assert state != "disabled", (step, key)
     seen = log[-1][1]
     assert seen["prepare_write_data"]["steps"] == (
-        ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
+        ["worker_watch"] * ("worker_watch" not in names)
+        + ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
         + ["stale_guard"] * ("stale_guard" not in names and expect("cache")
                              and not expect("upstream_ptrs")))
     assert seen["close"]["steps"] == (["suspend"] * expect("cache")

@@ -13,7 +13,7 @@ from .core.lifecycle import enable as _enable
 
 __all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
            "prewarm", "PrewarmReport", "CheckpointWorkerError", "PersistentAsyncWorkerError",
-           "ray_runtime_env",
+           "RanksWithoutPackageError", "ray_runtime_env",
            "ray_worker_setup", "State", "Status",
            "FixStatus",
            "TargetStatus"]
@@ -23,6 +23,7 @@ _LAZY = {"State": "core.status", "Status": "core.status", "FixStatus": "core.sta
          "offloading": "worker.release", "ReleaseReport": "worker.release",
          "prewarm": "worker.prewarm", "PrewarmReport": "worker.prewarm",
          "CheckpointWorkerError": "core.errors", "PersistentAsyncWorkerError": "core.errors",
+         "RanksWithoutPackageError": "core.errors",
          "ray_runtime_env": "ray_hook"}
 
 

@@ -1,6 +1,7 @@
 """``CheckpointWorkerError``: what a rank raises instead of waiting for ever on a failed
 checkpoint worker; ``PersistentAsyncWorkerError`` is the same class under the name of
-Megatron-LM PR #6971, for handling written against that PR."""
+Megatron-LM PR #6971, for handling written against that PR. ``RanksWithoutPackageError``:
+what the ranks that run the package raise at their first save where another rank does not."""
 
 from __future__ import annotations
 
@@ -29,6 +30,24 @@ class CheckpointWorkerError(RuntimeError):
         self.failed_ranks = tuple(failed_ranks)  # every rank whose worker failed, when known
         self.lost_saves = (save,)  # every save this finalize dropped, not saved
         self.finalized = ()  # the saves the same finalize finalized
+
+    def __reduce__(self):  # picklable with its attributes (Ray, multiprocessing)
+        return (_rebuild, (type(self), str(self), vars(self)))
+
+
+class RanksWithoutPackageError(RuntimeError):
+    """Some ranks of the job do not run the package (or its worker watch): found at the
+    first save of the process group, on every rank that runs it, before anything of that
+    save reached the checkpoint worker. Nothing was scheduled; activate the package on
+    every rank (``python -m nvrx_ipc_fix doctor`` tells how)."""
+
+    def __init__(self, message: str, *, rank: int | None = None, ranks: tuple = (),
+                 world_size: int | None = None, waited_s: float | None = None):
+        super().__init__(message)
+        self.rank = rank  # the rank that raised
+        self.ranks = tuple(ranks)  # the ranks that did not say they run the package
+        self.world_size = world_size
+        self.waited_s = waited_s  # how long this rank waited for them
 
     def __reduce__(self):  # picklable with its attributes (Ray, multiprocessing)
         return (_rebuild, (type(self), str(self), vars(self)))

@@ -84,6 +84,19 @@ def writer_keys(fs):
                       "thread waiting until it is scheduled")
 
 
+def announces(fs):
+    """NVRx's writer: its ``prepare_write_data``, which every release calls right after a
+    save's planning collectives, is where a rank says it runs the package."""
+    writer = getattr(fs, "FileSystemWriterAsync", None)
+    if writer is None and (fs is None or initializing(fs)):
+        return None  # decided once the module is imported
+    if not callable(getattr(writer, "prepare_write_data", None)):
+        return "not_applicable", ("no FileSystemWriterAsync.prepare_write_data: a rank says it "
+                                  "runs the package at its first schedule")
+    return "active", ("a rank says it runs the package as its first save's planning ends; the "
+                      "schedule checks that every rank did")
+
+
 def persistent_worker(module):
     """NVRx core or megatron-core async_utils: is there a persistent worker we can watch?"""
     if module is None:

@@ -11,6 +11,8 @@ STANDBY_NOT_STARTED = "not started: no restart release yet"
 #: ``Status.suspend`` before the package's suspend module is imported (``worker.suspend``).
 SUSPEND_NOT_PROBED = ("the automatic release's strategy is decided at the first release "
                       "(suspend where the CUDA driver can, else restart)")
+#: ``Status.peers`` before the first save of a job of several ranks (``worker.peers``).
+PEERS_NOT_CHECKED = "not checked yet: at the first save of a job of several ranks"
 
 
 class State(str, enum.Enum):
@@ -35,8 +37,6 @@ PRECEDENCE = (State.ERROR, State.UNSUPPORTED, State.ACTIVE, State.PENDING,
               State.FIXED_UPSTREAM, State.NOT_APPLICABLE, State.DISABLED)
 #: The states of a target that does not apply although it should: each is warned about.
 LOST = (State.ERROR, State.UNSUPPORTED)
-
-
 @dataclasses.dataclass(frozen=True)
 class TargetStatus:
     fix: str
@@ -95,6 +95,9 @@ class Status:
     suspend: str = SUSPEND_NOT_PROBED
     #: Each call with a wrapper of ours: its region and its steps in order.
     calls: tuple[CallStatus, ...] = ()
+    #: Whether every rank of the job runs the package, checked at the process group's first
+    #: save (``worker.peers``), or why that cannot be told.
+    peers: str = PEERS_NOT_CHECKED
     #: Distribution -> installed version, for each one newer than the newest version the
     #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
     untested: dict = dataclasses.field(default_factory=dict)
@@ -154,5 +157,5 @@ class Status:
                       f"prewarms: {self.prewarms} ({self.prewarm_failures} failed; "
                       f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned ahead by "
                       "the last)", f"standby: {self.standby}",
-                  f"automatic release: {self.suspend}"]
+                  f"automatic release: {self.suspend}", f"peers: {self.peers}"]
         return "\n".join(lines)

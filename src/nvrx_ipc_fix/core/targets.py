@@ -32,9 +32,10 @@ def _probe(name):
     return applies
 
 
-(nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop, writer_cache,
- writer_keys) = map(_probe, ("nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache",
-                             "worker_loop", "writer_cache", "writer_keys"))
+(announces, nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop,
+ writer_cache, writer_keys) = map(_probe, (
+    "announces", "nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache",
+    "worker_loop", "writer_cache", "writer_keys"))
 
 
 def framework_queue(module):
@@ -158,9 +159,11 @@ CALLS = {call.name: call for call in (
     Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
     Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), QUEUE),
     Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
-    # the planned key stays valid until the schedule (clear_on_close), around the re-send of
-    # moved storage (stale_guard)
-    Call(FS, "FileSystemWriterAsync.prepare_write_data", ("clear_on_close", "stale_guard")),
+    # this rank says it runs the package (worker_watch: every rank learns it at its first
+    # schedule); the planned key stays valid until the schedule (clear_on_close), around the
+    # re-send of moved storage (stale_guard)
+    Call(FS, "FileSystemWriterAsync.prepare_write_data",
+         ("worker_watch", "clear_on_close", "stale_guard")),
     *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
     # a terminate that meets a failed save still closes (worker_watch), after the release
     # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
@@ -210,6 +213,11 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
+    # Optional: without it a rank says it runs the package at its first schedule, where the
+    # check is made.
+    Target("worker_watch", FS, "FileSystemWriterAsync.prepare_write_data",
+           "fixes.worker_watch:prepare_wrapper", ("self", "plan", "planner"), announces,
+           optional=True),
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
            "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
     Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",

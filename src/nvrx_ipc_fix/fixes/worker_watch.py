@@ -50,7 +50,9 @@ from ..core import shapes as _shapes
 from ..core.arguments import flags, replaced, values
 from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
 from ..core.log import hook_failed, logger
-from ..worker import inside as _worker, monitor as _monitor, registry as _workers
+from ..core import state as _state
+from ..worker import inside as _worker, monitor as _monitor, peers as _peers
+from ..worker import registry as _workers
 
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
 FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
@@ -68,6 +70,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     nothing of the queue's count has changed; after it, NVRx's count stands."""
     if _finalizing() or not _shapes.is_persistent(queue):
         return wrapped(*args, **kwargs)
+    _peers.check()  # the group's first save: every rank runs the package, or one error
     return _schedule(wrapped, queue, args, kwargs)
 
 
@@ -121,6 +124,21 @@ def _schedule(wrapped, queue, args, kwargs):
     except Exception as exc:  # the finalize still meets a dead worker (done_wrapper)
         hook_failed(target, exc)
     return result
+
+
+def prepare_wrapper(wrapped, writer, args, kwargs):
+    """Around NVRx's ``FileSystemWriterAsync.prepare_write_data``, which comes right after a
+    save's planning collectives: where the watch is installed, this rank says it runs the
+    package (once per process group), so that the check at the schedule finds every such
+    rank's word at once."""
+    _peers.announce(_watched)
+    return wrapped(*args, **kwargs)
+
+
+def _watched():
+    """Does the failure flag ride on NVRx's (or megatron-core's) finalize all-reduce here?"""
+    return any(_state.installed(fix, "AsyncCaller.sync_all_async_calls")
+               for fix in ("worker_watch", "mcore_worker_watch"))
 
 
 def _target(wrapped):
