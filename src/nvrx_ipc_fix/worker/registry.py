@@ -17,7 +17,7 @@ from queue import Empty
 
 from ..core import cleanup as _cleanup, fork as _fork, shapes as _shapes, state as _state
 from ..core.detect import CORE
-from . import inherited, monitor as _monitor
+from . import exit_status as _exit_status, inherited, monitor as _monitor
 
 #: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
 SENTINEL = -7331
@@ -101,10 +101,11 @@ def at_exit():
 # -- the two implementations (``shapes``), as the watch sees them -------------------------------
 
 def process_of(caller):
-    """The caller's worker process (None for one whose worker was let go)."""
+    """The caller's worker process (None for one whose worker was let go); its status is read
+    by one thread at a time (``exit_status``)."""
     if caller is None or caller in _abandoned:
         return None
-    return getattr(caller, "process", None)
+    return _exit_status.one_reader(getattr(caller, "process", None))
 
 
 def queues_of(caller):
