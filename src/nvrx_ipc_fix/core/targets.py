@@ -28,9 +28,9 @@ def _probe(name):
     return applies
 
 
-nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop, writer_cache = map(
-    _probe, ("nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache", "worker_loop",
-             "writer_cache"))
+(caller_queues, nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop,
+ writer_cache) = map(_probe, ("caller_queues", "nvrx_worker_cache", "persistent_worker",
+                             "warm_up", "worker_cache", "worker_loop", "writer_cache"))
 
 
 def framework_queue(module):
@@ -108,6 +108,9 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
            "fixes.worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
            worker_loop, optional=True),
+    # Optional: without it, only a request that cannot be pickled waits for ever, as in NVRx.
+    Target("worker_watch", CORE, "PersistentAsyncCaller.__init__",
+           "fixes.worker_watch:caller_init_wrapper", ("self",), caller_queues, optional=True),
 ) + _watch("mcore_worker_watch", MCORE_ASYNC, persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
            "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),

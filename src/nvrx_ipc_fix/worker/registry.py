@@ -26,13 +26,14 @@ SENTINEL = -7331
 class _CallerState:
     """What the watch knows about one persistent caller."""
 
-    __slots__ = ("outstanding", "failed", "completed", "death", "__weakref__")
+    __slots__ = ("outstanding", "failed", "completed", "death", "unsent", "__weakref__")
 
     def __init__(self):
         self.outstanding = collections.deque()  # call_idx scheduled on it, not yet finalized
         self.failed = {}  # call_idx -> CheckpointWorkerError: failed before its finalize
         self.completed = set()  # call_idx a dead worker had completed (read from its comp_q)
         self.death = None  # Death of its worker: what that had not completed is lost
+        self.unsent = {}  # call_idx -> why its request never reached the worker (``unsent``)
 
 
 class Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback")):
