@@ -11,7 +11,9 @@ ECHILD and the poll answers None. The same in CPython 3.10-3.13.
 ``one_reader(process)`` gives one started process's ``Popen`` an instance attribute ``poll``
 that runs the class's ``poll`` one thread at a time, so each reader gets the status the
 worker died with. The class, and every process the package was not given (the user's own),
-keep Python's. A blocking poll waits for the death outside the lock, on the sentinel.
+keep Python's. A blocking poll waits for the death outside the lock, on the sentinel (so
+``join()`` without a timeout, like ``join(timeout)`` always, also waits for any child of the
+worker that inherited the sentinel's pipe: from fork or spawn, not from a forkserver).
 """
 
 from __future__ import annotations
