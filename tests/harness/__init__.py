@@ -2,5 +2,6 @@
 (``nvrx_ipc_fix.cli.driver``): ``scenario`` (the driver with worker faults, NVRx's workers from
 a forkserver and the tests' steps), ``faults`` (what a failing worker does, run inside it),
 ``fakedriver`` (a CPU stand-in for the CUDA driver's process checkpoint API), ``stacks``
-(where a hung process waits) and ``user_child`` (a child the user's own code starts). On the
+(where a hung process waits), ``user_child`` (a child the user's own code starts) and
+``races`` (races driven in the trainer). On the
 path of every child the tests start (``conftest._env``)."""

@@ -33,6 +33,11 @@ def segfault(*_args, **_kwargs):
     time.sleep(60)
 
 
+def holding(_held, real, *args, **kwargs):
+    """``real``'s call, with ``_held`` (say, a lock, which cannot be pickled) in the request."""
+    return real(*args, **kwargs)
+
+
 def nothing(*_args, **_kwargs):
     """A request that does nothing (a replacement worker's first task)."""
 
@@ -51,7 +56,7 @@ def stop_then(real, *args, **kwargs):
     return real(*args, **kwargs)
 
 
-#: fault kind -> (what it replaces in the request: "preload" or "write", description)
+#: fault kind -> (what it replaces: "preload", "write", "path", "idle" or "request", description)
 KINDS = {
     "preload": ("preload", "preload_fn raises"),
     "raise": ("write", "async_fn raises"),
@@ -61,4 +66,8 @@ KINDS = {
     "segv": ("write", "SIGSEGV while writing"),
     "idle": ("idle", "SIGKILL while idle, before the save"),
     "stop": ("write", "SIGSTOP while writing, SIGCONT later"),
+    "lock": ("request", "a threading.Lock in the request: it cannot be pickled"),
+    "lambda": ("request", "the request's async_fn is a lambda: it cannot be pickled"),
+    "lambda-nopreload": ("request", "the same, in a request without a preload_fn (NVRx does "
+                                    "not wait for its worker in the schedule)"),
 }

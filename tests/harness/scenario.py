@@ -168,6 +168,12 @@ class Trainer(driver.Trainer):
             open(path, "w").close()
         elif fault == "idle":
             self.kill_worker()
+        elif fault == "lock":
+            save_fn = partial(faults.holding, threading.Lock(), save_fn)
+        elif fault in ("lambda", "lambda-nopreload"):
+            real = save_fn
+            save_fn = lambda *args, **kwargs: real(*args, **kwargs)  # noqa: E731
+            preload_fn = preload_fn if fault == "lambda" else None
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
         return save_fn, preload_fn
@@ -557,6 +563,7 @@ def _raised(trainer, report, outcome, exc, start):
 def _describe(exc):
     return {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:400],
             "text": str(exc)[-2000:],
+            "notes": list(getattr(exc, "__notes__", ())),
             "worker_traceback": bool(getattr(exc, "worker_traceback", None)),
             "failed_ranks": list(getattr(exc, "failed_ranks", ()) or ())}
 

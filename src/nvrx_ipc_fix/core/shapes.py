@@ -157,6 +157,20 @@ def worker_loop(module):
     return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
 
 
+def caller_queues(module):
+    """NVRx core: does each persistent caller make its worker's queues in ``__init__``, so
+    that what its request queue cannot send is known before the queue's first put?"""
+    watched = persistent_worker(module)
+    if watched is None or watched[0] != "active":
+        return watched  # the rest of the watch stands aside: so does this part
+    shape = caller_shape(module.PersistentAsyncCaller)
+    if shape.on_class or shape.queues != NVRX_QUEUES:
+        return "not_applicable", ("the worker's queues are made with the worker, in its first "
+                                  "save: a request they cannot send waits for ever")
+    return "active", ("a save whose request cannot be pickled raises at once; the next save "
+                      "is saved")
+
+
 def initializing(module):
     """Is ``module`` still executing (imported in another thread, say)?"""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
@@ -265,6 +279,16 @@ def request(module, function, args, call_idx):
     """An ``AsyncRequest`` of ``module`` (NVRx's core) that runs ``function(*args)`` in the
     worker and answers ``call_idx``, with no finalize step."""
     return module.AsyncRequest(function, tuple(args), [], call_idx=call_idx)
+
+
+def call_index(request):
+    """NVRx's ``call_idx`` of a request (None for what is not a request: ``DONE``)."""
+    return getattr(request, "call_idx", None)
+
+
+def preloads(request):
+    """Does NVRx wait for the worker's preload of ``request`` in its schedule?"""
+    return bool(getattr(request, "preload_fn", None))
 
 
 def with_functions(request, **functions):

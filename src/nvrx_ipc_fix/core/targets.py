@@ -32,10 +32,10 @@ def _probe(name):
     return applies
 
 
-(announces, nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop,
- writer_cache, writer_keys) = map(_probe, (
-    "announces", "nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache",
-    "worker_loop", "writer_cache", "writer_keys"))
+(announces, caller_queues, nvrx_worker_cache, persistent_worker, warm_up, worker_cache,
+ worker_loop, writer_cache, writer_keys) = map(_probe, (
+    "announces", "caller_queues", "nvrx_worker_cache", "persistent_worker", "warm_up",
+    "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
 
 
 def framework_queue(module):
@@ -147,6 +147,8 @@ _OFFLOAD_POINTS = (
 #: Every intercepted call, with its region and the order of the fixes' steps, outermost first.
 CALLS = {call.name: call for call in (
     Call(CORE, "AsyncCallsQueue.__init__", ("prewarm",)),
+    # the request queue says when it could not send a request (worker_watch)
+    Call(CORE, "PersistentAsyncCaller.__init__", ("worker_watch",)),
     # the worker runs again (suspend) and a prewarmed one is ready (prewarm) before the save
     # is handed over, watched (worker_watch), all under the queue's lock
     Call(CORE, "AsyncCallsQueue.schedule_async_request", ("suspend", "prewarm", "worker_watch"),
@@ -201,6 +203,9 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
            "fixes.worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
            worker_loop, optional=True),
+    # Optional: without it, only a request that cannot be pickled waits for ever, as in NVRx.
+    Target("worker_watch", CORE, "PersistentAsyncCaller.__init__",
+           "fixes.worker_watch:caller_init_wrapper", ("self",), caller_queues, optional=True),
 ) + _watch("mcore_worker_watch", MCORE_ASYNC, persistent_worker) + (
     Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
            "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),

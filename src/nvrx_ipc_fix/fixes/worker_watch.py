@@ -28,6 +28,11 @@ into the worker is touched):
   and leaves nothing pending, the failure is held while NVRx's close goes on (called once),
   then raised; the same for Megatron's and Bridge's ``maybe_finalize_async_save(terminate=
   True)`` (``_Held``).
+* ``PersistentAsyncCaller.__init__`` (NVRx, whose caller makes its worker's queues there): a
+  request the queue cannot pickle, which NVRx's queue only prints and drops, is kept for its
+  save (``worker.unsent``, which answers the preload handshake NVRx waits for): the schedule
+  raises that error at once and keeps the save as failed for its finalize (a request without
+  a ``preload_fn``: its finalize raises).
 * ``PersistentAsyncCaller.async_process_target`` (NVRx 0.5.0+, in the worker only, where it
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
@@ -46,13 +51,13 @@ import threading
 from functools import partial
 from queue import Empty
 
-from ..core import shapes as _shapes
+from ..core import cleanup as _cleanup, shapes as _shapes
 from ..core.arguments import flags, replaced, values
 from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
 from ..core.log import hook_failed, logger
 from ..core import state as _state
 from ..worker import inside as _worker, monitor as _monitor, peers as _peers
-from ..worker import registry as _workers
+from ..worker import registry as _workers, unsent as _unsent
 
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
 FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
@@ -115,14 +120,58 @@ def _schedule(wrapped, queue, args, kwargs):
                     rank=_monitor.rank(), save=save)
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
+    unsent = None
     try:
         caller = queue.async_calls[-1][1] if _appended(queue, save) else _shapes.caller_of(queue)
         if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
             return _died_before(queue, entry(save, caller, request), _workers.process_of(caller),
                                 "during the preload handshake", wait.exitcode)
-        _workers.state(caller).outstanding.append(save)
+        # NVRx waited for the handshake, answered in the worker's place if the request was
+        # never sent; without a preload_fn, the finalize finds out (_completion)
+        unsent = _unsent.take(caller, save) if _shapes.preloads(request) else None
+        if unsent is None:
+            _workers.state(caller).outstanding.append(save)
+        else:
+            _never_sent(queue, entry(save, caller, request), unsent)
     except Exception as exc:  # the finalize still meets a dead worker (done_wrapper)
         hook_failed(target, exc)
+    if unsent is not None:  # the checkpoint's failure, not the package's: raised at once
+        raise unsent
+    return result
+
+
+def _never_sent(queue, entry, unsent):
+    """``entry``'s request could not be pickled (``unsent``): the worker never got it. The
+    save is kept as failed (its finalize tells the other ranks, and raises), the trainer
+    forgets the cache keys its planning recorded, and ``unsent`` says so."""
+    save = entry[0]
+    _cleanup.forget_keys()
+    _scheduled_failed(queue, entry, _unsent_error(save, unsent))
+    add_note(unsent, f"nvrx_ipc_fix: NVRx's queue could not pickle the request of save #{save}, "
+                     "so it never reached the checkpoint worker. The package answered NVRx's "
+                     "preload handshake in the worker's place and raised this at once; the save "
+                     "is kept as failed, and its finalize raises CheckpointWorkerError on every "
+                     "rank. The next save sends full tensors to the same worker.")
+
+
+def _unsent_error(save, unsent):
+    return CheckpointWorkerError(
+        f"rank {_monitor.rank()}: save #{save} failed: NVRx's queue could not pickle its "
+        f"request ({type(unsent).__name__}: {unsent}), so the checkpoint worker never got it. "
+        "The save was not finalized; the next save sends full tensors.",
+        rank=_monitor.rank(), save=save)
+
+
+def caller_init_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
+    """Around ``PersistentAsyncCaller.__init__``, which makes the worker's queues: what the
+    request queue cannot send is kept for its save (``_unsent``), whose schedule then
+    raises at once (``_schedule``), or, without a ``preload_fn``, its finalize."""
+    result = wrapped(*args, **kwargs)
+    if not _finalizing():
+        try:
+            _unsent.watch(caller)
+        except Exception as exc:
+            hook_failed(_target(wrapped), exc)
     return result
 
 
@@ -561,8 +610,8 @@ def _worker_error(save, pid, exitcode, when, worker_traceback):
 
 def _completion(caller, save, blocking):
     """The completion of ``save`` from the worker, or ``(None, None)`` if not there yet, or
-    ``(None, error)`` if the worker died without sending it. Older completions and
-    ``release()``'s answers are dropped."""
+    ``(None, error)`` if the worker died without sending it or never got its request. Older
+    completions and ``release()``'s answers are dropped."""
     comp_q = _workers.queues_of(caller)[2]
     process = _workers.process_of(caller)
 
@@ -576,23 +625,30 @@ def _completion(caller, save, blocking):
                 continue  # not this save's
             return item
 
-    def died():
-        item = take(0)  # sent just before it died?
-        return (item, None) if item is not None else (None, _own_failure(caller, save, process))
+    def ended():
+        """``(None, error)`` when the save can no longer complete, else None."""
+        unsent = _unsent.take(caller, save)
+        if unsent is not None:  # never sent (a request without a preload_fn)
+            _cleanup.forget_keys()
+            return None, _unsent_error(save, unsent)
+        if _workers.dead(process):
+            item = take(0)  # sent just before it died?
+            return (item, None) if item is not None else (None, _own_failure(caller, save,
+                                                                             process))
+        return None
 
     item = take(0)
     if item is not None or not blocking:
-        if item is None and _workers.dead(process):
-            return died()
-        return item, None
+        return (item, None) if item is not None else ended() or (None, None)
     with _monitor.watching(f"the finalize of save #{save} (waiting for the worker)",
                            lambda: process):
         while True:
             item = take(0.2)
             if item is not None:
                 return item, None
-            if _workers.dead(process):
-                return died()
+            failed = ended()
+            if failed is not None:
+                return failed
 
 
 def _own_failure(caller, save, process, when="while writing it", exitcode=None):

@@ -25,6 +25,7 @@ from multiprocessing import connection
 
 from ..core import config as _config, fork as _fork
 from ..core.log import logger
+from . import exit_status as _exit_status
 
 
 class Wait:
@@ -64,8 +65,11 @@ def rank():
 
 
 def started_process(process):
-    """``process`` if it is a started ``multiprocessing.Process``, else None."""
-    return process if getattr(process, "_popen", None) is not None else None
+    """``process`` if it is a started ``multiprocessing.Process``, else None; from now on its
+    status is read by one thread at a time (``exit_status``)."""
+    if getattr(process, "_popen", None) is None:
+        return None
+    return _exit_status.one_reader(process)
 
 
 def exitcode(process, settle=1.0):

@@ -84,7 +84,7 @@ class _Start:
                  "pinning", "pinned_bytes", "pin_error", "standby", "first_request_s", "pin_s")
 
     def __init__(self, process, pinning=0, standby=None):
-        self.process = process
+        self.process = _monitor.started_process(process)  # its status: one reader at a time
         self.standby = standby  # the pid of the standby it was forked from, or None
         self.pinning = pinning  # bytes it was asked to pin ahead
         self.pinned_bytes = 0  # what it pinned, once ready

@@ -26,6 +26,8 @@ import threading
 import types
 from multiprocessing import context as _context, forkserver as _forkserver, popen_forkserver
 
+from .exit_status import one_at_a_time
+
 
 def unsupported():
     """Why this Python's multiprocessing cannot give a server of the package's own (its
@@ -95,7 +97,7 @@ class _Process(_context.ForkServerProcess):
 
     @staticmethod
     def _Popen(process_obj):
-        return _Popen(process_obj)
+        return one_at_a_time(_Popen(process_obj))  # the status: read by one thread at a time
 
     def __getstate__(self):
         """What the child gets: all but the launch (the child needs none)."""

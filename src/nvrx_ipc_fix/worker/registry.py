@@ -17,7 +17,7 @@ from queue import Empty
 
 from ..core import cleanup as _cleanup, fork as _fork, shapes as _shapes, state as _state
 from ..core.detect import CORE
-from . import inherited, monitor as _monitor
+from . import exit_status as _exit_status, inherited, monitor as _monitor
 
 #: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
 SENTINEL = -7331
@@ -26,13 +26,14 @@ SENTINEL = -7331
 class _CallerState:
     """What the watch knows about one persistent caller."""
 
-    __slots__ = ("outstanding", "failed", "completed", "death", "__weakref__")
+    __slots__ = ("outstanding", "failed", "completed", "death", "unsent", "__weakref__")
 
     def __init__(self):
         self.outstanding = collections.deque()  # call_idx scheduled on it, not yet finalized
         self.failed = {}  # call_idx -> CheckpointWorkerError: failed before its finalize
         self.completed = set()  # call_idx a dead worker had completed (read from its comp_q)
         self.death = None  # Death of its worker: what that had not completed is lost
+        self.unsent = {}  # call_idx -> why its request never reached the worker (``unsent``)
 
 
 class Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback")):
@@ -99,10 +100,11 @@ def at_exit():
 # -- the two implementations (``shapes``), as the watch sees them -------------------------------
 
 def process_of(caller):
-    """The caller's worker process (None for one whose worker was let go)."""
+    """The caller's worker process (None for one whose worker was let go); its status is read
+    by one thread at a time (``exit_status``)."""
     if caller is None or caller in _abandoned:
         return None
-    return getattr(caller, "process", None)
+    return _exit_status.one_reader(getattr(caller, "process", None))
 
 
 def queues_of(caller):
