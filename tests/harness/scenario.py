@@ -168,6 +168,8 @@ class Trainer(driver.Trainer):
             open(path, "w").close()
         elif fault == "idle":
             self.kill_worker()
+        elif fault == "hold":
+            save_fn = partial(faults.hold, os.path.join(self.directory, "writing"))
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
         return save_fn, preload_fn
