@@ -21,10 +21,11 @@ import time
 
 import pytest
 
-from conftest import EXPECT, GPU, NVRX, _env, _forkable, _the_zygote, needs_cache, needs_nvrx
-from conftest import needs_warmup, run_python
+from conftest import EXPECT, GPU, MCORE, NVRX, _env, _forkable, _the_zygote, needs_cache
+from conftest import needs_nvrx, needs_warmup, run_python
 
-BOUND = 10.0  # seconds a killed trainer's session may take to empty (0.1-0.3 s measured)
+BOUND = 10.0  # seconds a killed trainer's session may take to empty (its guarded processes:
+#               54-151 ms on a loaded 2-core VM, benchmarks/guardian_cost.py)
 REACH = 300.0  # seconds a trainer may take to reach its state (a cold standby under load)
 
 # Steps of this file's own: ``writing`` waits until the worker is inside the write that the
@@ -133,13 +134,13 @@ class Trainer:
     """The harness's trainer running ``steps`` (ending in ``hold``) in a session of its own: a
     child of the zygote where that stands for a fresh interpreter, else a fresh one."""
 
-    def __init__(self, steps, directory, env=None, prelude="", fix=True):
+    def __init__(self, steps, directory, env=None, prelude="", fix=True, impl="nvrx"):
         self.directory = directory
         env = {**(env or {}), "ORPHANS_DIR": directory}
         code = textwrap.dedent(PRELUDE) + textwrap.dedent(prelude) + textwrap.dedent(f"""
             import tempfile
             _s.run({list(steps)!r}, tempfile.mkdtemp(), timeout=600, n_tensors=8, numel=512,
-                   starts={"spawn" if GPU else "forkserver"!r})
+                   starts={"spawn" if GPU else "forkserver"!r}, impl={impl!r})
         """)
         self.err = os.path.join(directory, "stderr")
         self.proc = None
@@ -300,6 +301,22 @@ def test_nvrx_s_process_of_a_save_in_flight_goes_with_the_trainer(trainer):
     assert killed(one) == {}
 
 
+@pytest.mark.skipif(MCORE is None, reason="megatron-core is not installed here")
+@pytest.mark.mcore
+@pytest.mark.worker
+@pytest.mark.parametrize("steps", [["save"], ["save", "fault-hold-async", "writing"]],
+                         ids=["idle", "writing"])
+def test_megatron_core_s_worker_goes_with_the_trainer(trainer, steps):
+    """megatron-core's own worker, on its classes (forked from the trainer on the CPU)."""
+    one = trainer([*steps, "hold"], impl="mcore")
+    state = one.reached()
+    assert state["worker_proc"][1] == state["trainer"], state
+    if "writing" in steps:
+        assert state["writer"] == state["worker"], state
+    guarding(state, 1)
+    assert killed(one) == {}
+
+
 @needs_nvrx
 @pytest.mark.worker
 def test_a_ctrl_c_to_the_process_group_leaves_the_guardian(trainer):
@@ -395,10 +412,11 @@ def test_a_forked_child_closes_the_guardian_s_pipe_and_forgets_it():
             except OSError:
                 still = False
             before = guardian.describe()
-            guardian.guard(sleeper.pid)  # not this child's child: a guardian of its own
+            own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            guardian.guard(own)  # a guardian of its own, which ends it with this child
             os.write(tell, json.dumps({"open": still, "before": before,
                                        "after": guardian.describe(),
-                                       "own": guardian._process.pid}).encode())
+                                       "guardian": guardian._process.pid}).encode())
             os._exit(0)
         os.waitpid(pid, 0)
         child = json.loads(os.read(answer, 65536))
@@ -408,7 +426,7 @@ def test_a_forked_child_closes_the_guardian_s_pipe_and_forgets_it():
     child, first = found["child"], found["first"]
     assert child["open"] is False, found
     assert child["before"].startswith("not started"), found
-    assert child["after"].startswith("running (pid ") and child["own"] != first, found
+    assert child["after"].startswith("running (pid ") and child["guardian"] != first, found
     assert found["parent"] == f"running (pid {first}), guarding 1 process(es)", found
 
 
