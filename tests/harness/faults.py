@@ -50,6 +50,16 @@ def sigterm_to_other_threads(*_args, **_kwargs):
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
+def hold(marker, *_args, **_kwargs):
+    """Stay in the write: create ``marker`` (the harness waits for it), then block until
+    killed, as a write to a slow file system does."""
+    with open(marker + ".tmp", "w") as out:
+        out.write(str(os.getpid()))
+    os.replace(marker + ".tmp", marker)
+    while True:
+        signal.pause()
+
+
 def stop_then(real, *args, **kwargs):
     """SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
     os.kill(os.getpid(), signal.SIGSTOP)
@@ -70,4 +80,5 @@ KINDS = {
     "lambda": ("request", "the request's async_fn is a lambda: it cannot be pickled"),
     "lambda-nopreload": ("request", "the same, in a request without a preload_fn (NVRx does "
                                     "not wait for its worker in the schedule)"),
+    "hold": ("write", "blocks in its write until killed (the file `writing` says it is there)"),
 }

@@ -174,6 +174,8 @@ class Trainer(driver.Trainer):
             real = save_fn
             save_fn = lambda *args, **kwargs: real(*args, **kwargs)  # noqa: E731
             preload_fn = preload_fn if fault == "lambda" else None
+        elif fault == "hold":
+            save_fn = partial(faults.hold, os.path.join(self.directory, "writing"))
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
         return save_fn, preload_fn

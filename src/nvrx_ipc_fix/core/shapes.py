@@ -19,7 +19,7 @@ Importing this module imports ``detect`` only (activation reads the probes from 
 
 import sys
 
-from .detect import CORE, NVRX_DIST, distribution_version, release_has_cache
+from .detect import CORE, FS, MCORE_FS, NVRX_DIST, distribution_version, release_has_cache
 
 # -- probes: which fix applies to the module's code ---------------------------------------------
 
@@ -258,6 +258,22 @@ def detach_caller(queue, caller):
     for cls in type(queue).__mro__:  # megatron-core: one caller per process, on the class
         if vars(cls).get("_persistent_caller") is caller:
             cls._persistent_caller = None
+
+
+def save_processes(queue):
+    """The processes of the save just scheduled on ``queue``: its persistent worker (NVRx's or
+    megatron-core's), or NVRx's process of that save where the queue is not persistent; and
+    the results-queue manager of each writer module imported (NVRx's, megatron-core's)."""
+    if is_persistent(queue):
+        caller = caller_of(queue)
+    else:
+        calls = getattr(queue, "async_calls", None)
+        caller = calls[-1][1] if calls else None  # _ActiveAsyncRequest(idx, caller, request)
+    found = [getattr(caller, "process", None)]
+    for name in (FS, MCORE_FS):
+        results = getattr(sys.modules.get(name), "_results_queue", None)
+        found.append(getattr(getattr(results, "_manager", None), "_process", None))
+    return [process for process in found if process is not None]
 
 
 def is_persistent(queue):

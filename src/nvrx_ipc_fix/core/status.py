@@ -8,6 +8,8 @@ import enum
 
 #: ``Status.standby`` before any ``restart`` release (``worker.standby``).
 STANDBY_NOT_STARTED = "not started: no restart release yet"
+#: ``Status.guardian`` before the first process to guard (``worker.guardian``).
+GUARDIAN_NOT_STARTED = "not started: no process to guard yet"
 #: ``Status.suspend`` before the package's suspend module is imported (``worker.suspend``).
 SUSPEND_NOT_PROBED = ("the automatic release's strategy is decided at the first release "
                       "(suspend where the CUDA driver can, else restart)")
@@ -98,6 +100,9 @@ class Status:
     #: Whether every rank of the job runs the package, checked at the process group's first
     #: save (``worker.peers``), or why that cannot be told.
     peers: str = PEERS_NOT_CHECKED
+    #: The guardian (``worker.guardian``): its pid and how many live processes it guards, which
+    #: it kills with their descendants if this process dies first; or why none runs.
+    guardian: str = GUARDIAN_NOT_STARTED
     #: Distribution -> installed version, for each one newer than the newest version the
     #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
     untested: dict = dataclasses.field(default_factory=dict)
@@ -157,5 +162,6 @@ class Status:
                       f"prewarms: {self.prewarms} ({self.prewarm_failures} failed; "
                       f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned ahead by "
                       "the last)", f"standby: {self.standby}",
-                  f"automatic release: {self.suspend}", f"peers: {self.peers}"]
+                  f"automatic release: {self.suspend}", f"peers: {self.peers}",
+                  f"guardian: {self.guardian}"]
         return "\n".join(lines)

@@ -56,8 +56,8 @@ from ..core.arguments import flags, replaced, values
 from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
 from ..core.log import hook_failed, logger
 from ..core import state as _state
-from ..worker import inside as _worker, monitor as _monitor, peers as _peers
-from ..worker import registry as _workers, unsent as _unsent
+from ..worker import guardian as _guardian, inside as _worker, monitor as _monitor
+from ..worker import peers as _peers, registry as _workers, unsent as _unsent
 
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
 FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
@@ -72,11 +72,17 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     """Around ``AsyncCallsQueue.schedule_async_request``: watch the preload handshake; a
     save that cannot reach a live worker is scheduled as failed, for its finalize. The
     package's own defect falls back to NVRx's call, all or nothing: before NVRx's call,
-    nothing of the queue's count has changed; after it, NVRx's count stands."""
-    if _finalizing() or not _shapes.is_persistent(queue):
+    nothing of the queue's count has changed; after it, NVRx's count stands. Then, however
+    the call ended, the processes of the save are guarded (``worker.guardian``)."""
+    if _finalizing():
         return wrapped(*args, **kwargs)
-    _peers.check()  # the group's first save: every rank runs the package, or one error
-    return _schedule(wrapped, queue, args, kwargs)
+    try:
+        if not _shapes.is_persistent(queue):  # NVRx's process per save: nothing to watch
+            return wrapped(*args, **kwargs)
+        _peers.check()  # the group's first save: every rank runs the package, or one error
+        return _schedule(wrapped, queue, args, kwargs)
+    finally:
+        _guardian.adopt(queue)
 
 
 def _schedule(wrapped, queue, args, kwargs):

@@ -52,7 +52,8 @@ from ..core import cleanup as _cleanup, config as _config, fork as _fork, shapes
 from ..core import state as _state
 from ..core.detect import CORE
 from ..core.log import logger
-from . import monitor as _monitor, registry as _workers, standby as _standby
+from . import guardian as _guardian, monitor as _monitor, registry as _workers
+from . import standby as _standby
 from .inside import WORKER_IMPORTS, take_file, warm_up
 from .suspend import resume
 
@@ -329,6 +330,7 @@ def _start(queue, core, rank, slot):
             else:
                 caller = _shapes.caller_for(queue)
                 _shapes.start_worker(caller, rank)
+        _guardian.guard(caller.process)
         _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
         sizes = _sizes.get(queue, ()) if _config.pin_ahead() and not slot else ()
         _shapes.worker_queues(caller)[0].put(_shapes.request(

@@ -35,7 +35,7 @@ from ..core import config as _config, fork as _fork, log as _log, state as _stat
 from ..core.detect import CORE
 from ..core.log import hook_failed, logger
 from ..core.status import STANDBY_NOT_STARTED
-from . import private_forkserver
+from . import guardian as _guardian, private_forkserver
 from .inside import WORKER_IMPORTS
 from .monitor import stat_fields
 
@@ -115,6 +115,7 @@ def _start():
         try:
             context = private_forkserver.Context([*preload, PROBE])
             context.start()
+            _guardian.guard(context.pid)  # with it, whatever it forked
         except Exception as exc:  # no forkserver here: NVRx spawns, as without the package
             _standby, _why = None, f"could not start ({type(exc).__name__}: {exc})"
             logger.warning("nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns "
