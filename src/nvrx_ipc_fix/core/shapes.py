@@ -93,6 +93,9 @@ def announces(fs):
     if not callable(getattr(writer, "prepare_write_data", None)):
         return "not_applicable", ("no FileSystemWriterAsync.prepare_write_data: a rank says it "
                                   "runs the package at its first schedule")
+    watch = persistent_worker(sys.modules.get(CORE))  # None: core not imported yet
+    if watch is not None and watch[0] != "active":
+        return watch[0], f"no worker watch to check it: {watch[1]}"
     return "active", ("a rank says it runs the package as its first save's planning ends; the "
                       "schedule checks that every rank did")
 

@@ -28,7 +28,11 @@ def build(active, source, requested, verdicts, patched, calls):
     fixes = []
     for fix, summary in FIXES.items():
         mine = [r for r in rows if r[0].fix == fix]
-        _, state, reason, _ = min(mine, key=lambda r: PRECEDENCE.index(r[1]))
+        # an optional target adds only its loss: one still pending or patched beside required
+        # targets that are decided otherwise (fixed upstream, say) does not hide their state
+        required = [r for r in mine if not r[0].optional] or mine
+        counted = required + [r for r in mine if r not in required and r[1] in LOST]
+        _, state, reason, _ = min(counted, key=lambda r: PRECEDENCE.index(r[1]))
         fixes.append(FixStatus(fix, state, loss(mine) if state in LOST else reason, summary))
     wrapt = sys.modules.get("wrapt")
     return Status(
