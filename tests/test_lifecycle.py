@@ -28,7 +28,8 @@ STEPS = {steps!r}
 SITES = {{"close": ("{core}", "PersistentAsyncCaller"),
           "is_current_async_call_done": ("{core}", "PersistentAsyncCaller"),
           "schedule_async_request": ("{core}", "AsyncCallsQueue"),
-          "prepare_write_data": ("{fs}", "FileSystemWriterAsync")}}
+          "prepare_write_data": ("{fs}", "FileSystemWriterAsync"),
+          "retrieve_write_results": ("{fs}", "FileSystemWriterAsync")}}
 innermost, log = {{}}, []
 
 def observe():
@@ -78,7 +79,10 @@ def expected_depths(active, imported):
             # schedule_async_request: worker_watch, prewarm, and where NVRx caches suspend
             "schedule_async_request": int(on) + int(on and expect("warmup"))
             + int(on and expect("cache")),
-            "prepare_write_data": int(on and expect("cache") and not expect("upstream_ptrs"))}
+            # prepare_write_data: own_results, and stale_guard where NVRx caches unchecked
+            "prepare_write_data": int(on)
+            + int(on and expect("cache") and not expect("upstream_ptrs")),
+            "retrieve_write_results": int(on)}  # own_results
 
 
 def expected_state(active, imported, key):
@@ -102,6 +106,8 @@ def expected_state(active, imported, key):
         return "active"  # every NVRx with a persistent worker
     if fix == "prewarm":
         return "active" if expect("warmup") else "not_applicable"
+    if fix == "own_results":
+        return "active"  # every NVRx's writer shares one results queue
     if not expect("cache"):
         return "not_applicable"
     if attr == "FileSystemWriterAsync.prepare_write_data" and expect("upstream_ptrs"):
@@ -170,7 +176,7 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
             else:
                 assert state != "disabled", (step, key)
     seen = log[-1][1]
-    assert seen["prepare_write_data"]["depth"] == int(
+    assert seen["prepare_write_data"]["depth"] == 1 + int(  # own_results's, and the guard's
         "stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
     assert seen["close"]["depth"] == (int("worker_watch" not in names)
                                       + int("clear_on_close" not in names and expect("cache"))

@@ -59,7 +59,28 @@ TRAINERS = """
         gates.open_gate(gate)
 """
 
-ONE_THREAD = TRAINERS + """
+#: Each call NVRx's ``prepare_write_data`` and ``retrieve_write_results`` get, counted beneath
+#: where the package's wrappers go (it activates on top when ``TRAINERS`` imports it).
+COUNTED = """
+    import functools, importlib
+    writers = importlib.import_module(
+        "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async").FileSystemWriterAsync
+    calls = {}
+
+    def count(name):
+        original = vars(writers)[name]
+
+        @functools.wraps(original)
+        def counted(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+        setattr(writers, name, counted)
+
+    for name in ("prepare_write_data", "retrieve_write_results"):
+        count(name)
+"""
+
+ONE_THREAD = COUNTED + TRAINERS + """
     a, b = trainer("A", 8), trainer("B", 3)
     out = []
     for turn in range(3):
@@ -67,18 +88,20 @@ ONE_THREAD = TRAINERS + """
         out += finalized(a) + finalized(b)
     a.close(); b.close()
     fix = [str(f.state) for f in nvrx_ipc_fix.status().fixes if f.name == "own_results"]
-    print(json.dumps({"out": out, "fix": fix}))
+    print(json.dumps({"out": out, "fix": fix, "calls": calls}))
 """
 
 
 @pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
 def test_two_persistent_queues_each_finalize_takes_its_own_results(fix):
     """Two persistent queues, one thread, both saves in flight, ``A`` finalized first, three
-    rounds. Without the fix (named off) saves return normally and do not load."""
+    rounds. Without the fix (named off) saves return normally and do not load. NVRx's
+    methods beneath the fix's wrappers run once a save."""
     env = None if fix else {"NVRX_IPC_FIX_DISABLE": "own_results"}
     report = run_python(ONE_THREAD, env=env, timeout=240)
+    assert report["calls"] == {"prepare_write_data": 6, "retrieve_write_results": 6}, report
     if fix:
-        assert report == {"out": [0] * 6, "fix": ["active"]}, report
+        assert report["out"] == [0] * 6 and report["fix"] == ["active"], report
     else:
         assert report["fix"] == ["disabled"], report
         assert any(str(o).startswith("unloadable") for o in report["out"]), report

@@ -52,8 +52,9 @@ def build(active, source, requested, verdicts, patched):
 
 
 def _target_state(target, active, source, verdicts, patched):
-    if target.name in _log.errors and target in patched:  # keyed by name: only a wrapper fails
-        return State.ERROR, f"hook failed: {_log.errors[target.name]}"
+    failed = _log.errors.get(f"{target.fix} {target.name}") or _log.errors.get(target.name)
+    if failed and target in patched:  # only a wrapper fails
+        return State.ERROR, f"hook failed: {failed}"
     if not active:
         if _config.disabled_fixes(tuple(FIXES)) is None:
             return State.DISABLED, _config.off_reason()

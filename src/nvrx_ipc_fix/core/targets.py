@@ -28,9 +28,9 @@ def _probe(name):
     return applies
 
 
-nvrx_worker_cache, persistent_worker, warm_up, worker_cache, worker_loop, writer_cache = map(
-    _probe, ("nvrx_worker_cache", "persistent_worker", "warm_up", "worker_cache", "worker_loop",
-             "writer_cache"))
+(nvrx_worker_cache, persistent_worker, shared_results, warm_up, worker_cache, worker_loop,
+ writer_cache) = map(_probe, ("nvrx_worker_cache", "persistent_worker", "shared_results",
+                              "warm_up", "worker_cache", "worker_loop", "writer_cache"))
 
 
 def framework_queue(module):
@@ -120,6 +120,11 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
+    Target("own_results", FS, "FileSystemWriterAsync.prepare_write_data",
+           "fixes.own_results:prepare_write_data_wrapper", ("self", "plan", "planner"),
+           shared_results),
+    Target("own_results", FS, "FileSystemWriterAsync.retrieve_write_results",
+           "fixes.own_results:retrieve_write_results_wrapper", ("self",), shared_results),
     # After the watch's schedule wrapper, so that it sits outside it: a prewarmed worker that
     # died unused is let go before the watch would call it "died while idle".
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
