@@ -146,6 +146,7 @@ SHAPE_NAMES = {
     "use_cpu_shm_for_gpu_tensors", "cached_tensor_data", "uncached_tensor_data",
     "consistent_data_identifier", "_ActiveAsyncRequest", "AsyncRequest", "_get_async_caller",
     "_start_worker", "_results_queue", "WriteItemType", "_replace", "persistent",
+    "results_queue", "_manager", "_wrap_exception", "_wrap_exception_for_gather",
 }
 #: The adapter (issue 36), the table (its targets' names and parameters), and what status()
 #: and doctor list of the installed NVRx.

@@ -29,7 +29,8 @@ STEPS = {steps!r}
 SITES = {{"close": ("{core}", "PersistentAsyncCaller"),
           "is_current_async_call_done": ("{core}", "PersistentAsyncCaller"),
           "schedule_async_request": ("{core}", "AsyncCallsQueue"),
-          "prepare_write_data": ("{fs}", "FileSystemWriterAsync")}}
+          "prepare_write_data": ("{fs}", "FileSystemWriterAsync"),
+          "retrieve_write_results": ("{fs}", "FileSystemWriterAsync")}}
 innermost, log = {{}}, []
 
 def observe():
@@ -78,9 +79,12 @@ def expected_steps(active, imported):
             "schedule_async_request": (["suspend"] * cache + ["prewarm"] * warmup
                                        + ["worker_watch"] * on),
             # a rank says it runs the package (worker_watch), a planned key stays valid
-            # (clear_on_close), stale storage is re-sent (stale_guard)
+            # (clear_on_close), stale storage is re-sent (stale_guard), the save gets a
+            # results queue of its own (own_results: every NVRx's writer shares one)
             "prepare_write_data": (["worker_watch"] * on + ["clear_on_close"] * cache
-                                   + ["stale_guard"] * (cache and not expect("upstream_ptrs")))}
+                                   + ["stale_guard"] * (cache and not expect("upstream_ptrs"))
+                                   + ["own_results"] * on),
+            "retrieve_write_results": ["own_results"] * on}
 
 
 def expected_state(active, imported, key):
@@ -104,6 +108,8 @@ def expected_state(active, imported, key):
         return "active"  # every NVRx with a persistent worker
     if fix == "prewarm":
         return "active" if expect("warmup") else "not_applicable"
+    if fix == "own_results":
+        return "active"  # every NVRx's writer shares one results queue
     if not expect("cache"):
         return "not_applicable"
     if fix == "stale_guard" and expect("upstream_ptrs"):
@@ -184,7 +190,8 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
         ["worker_watch"] * ("worker_watch" not in names)
         + ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
         + ["stale_guard"] * ("stale_guard" not in names and expect("cache")
-                             and not expect("upstream_ptrs")))
+                             and not expect("upstream_ptrs"))
+        + ["own_results"])
     assert seen["close"]["steps"] == (["suspend"] * expect("cache")
                                       + ["clear_on_close"] * ("clear_on_close" not in names
                                                               and expect("cache"))

@@ -134,13 +134,14 @@ class Trainer:
     """The harness's trainer running ``steps`` (ending in ``hold``) in a session of its own: a
     child of the zygote where that stands for a fresh interpreter, else a fresh one."""
 
-    def __init__(self, steps, directory, env=None, prelude="", fix=True, impl="nvrx"):
+    def __init__(self, steps, directory, env=None, prelude="", fix=True, impl="nvrx",
+                 tensors=8, numel=512):
         self.directory = directory
         env = {**(env or {}), "ORPHANS_DIR": directory}
         code = textwrap.dedent(PRELUDE) + textwrap.dedent(prelude) + textwrap.dedent(f"""
             import tempfile
-            _s.run({list(steps)!r}, tempfile.mkdtemp(), timeout=600, n_tensors=8, numel=512,
-                   starts={"spawn" if GPU else "forkserver"!r}, impl={impl!r})
+            _s.run({list(steps)!r}, tempfile.mkdtemp(), timeout=600, n_tensors={tensors},
+                   numel={numel}, starts={"spawn" if GPU else "forkserver"!r}, impl={impl!r})
         """)
         self.err = os.path.join(directory, "stderr")
         self.proc = None

@@ -50,7 +50,7 @@ from functools import partial
 
 import torch
 
-from harness import faults, stacks
+from harness import faults, gates, stacks
 from nvrx_ipc_fix.cli import driver
 from nvrx_ipc_fix.cli.driver import HUNG, IMPLS, _add, _step, checkpoint_workers, step
 from nvrx_ipc_fix.worker.monitor import stat_fields
@@ -132,7 +132,7 @@ def _fork_server(context):
 
 
 class Trainer(driver.Trainer):
-    """The driver's trainer, with worker faults (``inject``: ``faults.KINDS``) and
+    """The driver's trainer, with worker faults (``inject``: ``faults.KINDS``), ``gate`` and
     ``starts``: how NVRx starts its workers, ``spawn`` (its own way) or ``forkserver``
     (``start_workers_from_forkserver``)."""
 
@@ -145,11 +145,15 @@ class Trainer(driver.Trainer):
         if starts == "forkserver" and impl == "nvrx" and not torch.cuda.is_available():
             start_workers_from_forkserver(importlib.import_module(IMPLS[impl]))
         self.stop_window = [None, None]  # fault-stop's: worker seen stopped, SIGCONT sent
+        self.gate = None  # (gate, done): the next save's write waits and signals (gates)
         super().__init__(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
                          no_dist)
 
     def inject(self, fault, path, save_fn, preload_fn):
-        """The request's functions with ``fault`` put in (see ``faults.KINDS``)."""
+        """The request's functions with ``fault`` put in (see ``faults.KINDS``), and the
+        ``gate`` set for this save (``gates.gated``)."""
+        if self.gate is not None:
+            save_fn, self.gate = partial(gates.gated, *self.gate, save_fn), None
         if fault == "preload":
             preload_fn = partial(faults.fail, "preload_fn")
         elif fault == "raise":

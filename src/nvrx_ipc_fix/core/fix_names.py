@@ -6,6 +6,8 @@ FIXES = {
     "clear_on_close": "clear the trainer-side cache when the checkpoint worker is closed "
                       "(no 'Worker cache miss' hang on the next save)",
     "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
+    "own_results": "each save's write results reach its own finalize (NVRx shares one "
+                   "results queue per process: saves in flight at once took each other's)",
     "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL or slime "
                           "moves model or optimizer storage, and with the restart strategy "
                           "start the next worker when the model is back (NVRX_IPC_FIX_RELEASE)",

@@ -29,7 +29,8 @@ def _fresh_lock():
 # which reports its callbacks' failures here
 os.register_at_fork(after_in_child=_fresh_lock)
 
-#: Target name -> one-line reason of the last failure inside our hook code.
+#: Target name (or "fix target name", one fix's wrapper) -> one-line reason of the last
+#: failure inside our hook code.
 errors = {}
 
 
@@ -43,13 +44,15 @@ def warn_once(key, msg, *args):
     return True
 
 
-def hook_failed(target, exc):
+def hook_failed(target, exc, fix=None):
     """Record a failure inside hook code; the user's call goes on untouched. Said once per
-    target and exception type, as a ``RuntimeWarning`` (shown by default) and on the logger."""
+    target (``fix``: that fix's wrapper of it only) and exception type, as a
+    ``RuntimeWarning`` (shown by default) and on the logger."""
     reason = f"{type(exc).__name__}: {exc}"
-    errors[target] = reason
-    key = ("hook", target, type(exc).__name__)
-    message = (f"nvrx_ipc_fix: hook on {target} failed and was skipped ({reason}); NVRx "
+    errors[target if fix is None else f"{fix} {target}"] = reason
+    key = ("hook", target, fix, type(exc).__name__)
+    where = target if fix is None else f"{target} ({fix})"
+    message = (f"nvrx_ipc_fix: hook on {where} failed and was skipped ({reason}); NVRx "
                f"behaves as without the fix for this call")
     warn_once(key, "%s", message)
     warn(message, key)

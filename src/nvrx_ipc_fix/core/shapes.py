@@ -9,7 +9,8 @@ prewarm and the after-fork code reach what differs.
   per queue; megatron-core's copy keeps them on its classes, one per process. A class's
   shape (``Caller``) is read once, at its first use, and kept.
 * **The writer**: NVRx 0.6.0's and 0.7.0's IPC cache (``_cached_identifiers``), with or
-  without ``cleanup_tensor_caches``.
+  without ``cleanup_tensor_caches``; the queue a save's results come back in
+  (``results_queue``).
 * **A child of ``os.fork()``**: megatron-core's class-level worker and NVRx's results-queue
   manager, which it lets go of.
 * **The finalize collective**: the one-int sum the worker watch's failure flag rides on.
@@ -98,6 +99,32 @@ def announces(fs):
         return watch[0], f"no worker watch to check it: {watch[1]}"
     return "active", ("a rank says it runs the package as its first save's planning ends; the "
                       "schedule checks that every rank did")
+
+
+#: What NVRx's writer does with ``results_queue``: sets it (``prepare_write_data``), hands it
+#: to the worker (``get_save_function_and_args``) and takes the save's results from it.
+RESULTS_QUEUE_USERS = ("prepare_write_data", "get_save_function_and_args",
+                       "retrieve_write_results")
+
+
+def shared_results(fs):
+    """NVRx filesystem_async: does each save's writer take its results from the queue
+    ``prepare_write_data`` gives it (NVRx's one per process, ``_results_queue``)? Read from
+    the code of its methods, beneath any wrapper."""
+    import inspect
+
+    writer = getattr(fs, "FileSystemWriterAsync", None)
+    if writer is None:
+        if fs is None or initializing(fs):
+            return None  # decided once the module is imported
+        return "not_applicable", "this NVRx has no FileSystemWriterAsync"
+    missing = [name for name in RESULTS_QUEUE_USERS if "results_queue" not in getattr(getattr(
+        inspect.unwrap(vars(writer).get(name, None)), "__code__", None), "co_names", ())]
+    if missing:
+        return "unsupported", (f"FileSystemWriterAsync.{', '.join(missing)} does not use "
+                               "results_queue as the fix expects")
+    return "active", ("each save takes its results from a queue of its own (NVRx shares one "
+                      "per process)")
 
 
 def persistent_worker(module):
@@ -436,6 +463,44 @@ def send(writer, items, tensors):
 def sent_uncached(writer):
     """The items this call sends fresh, outside the cache (CPU tensors, dequantized ones)."""
     return (getattr(writer, "uncached_tensor_data", None) or ((), ()))[0]
+
+
+# -- the writer's results queue -------------------------------------------------------------------
+
+def own_results_queue(writer):
+    """Give ``writer`` (``prepare_write_data`` just ran) a results queue of its own, made by
+    the manager of the queue NVRx gave it (none where NVRx gave it none: nothing to write).
+    Raises where it cannot."""
+    shared = writer.results_queue
+    if shared is None:
+        return
+    manager = getattr(shared, "_manager", None)
+    if manager is None:
+        raise RuntimeError(f"NVRx's results queue ({type(shared).__name__}) has no manager "
+                           f"in this process to make another")
+    writer.results_queue = manager.Queue()
+
+
+def has_results_queue(writer):
+    """Will ``writer``'s save put its results in a queue (it has data to write)?"""
+    return getattr(writer, "results_queue", None) is not None
+
+
+def failed_retrieval(fs, retrieve, exc):
+    """``exc`` as NVRx's ``retrieve_write_results`` (``retrieve``, the original) reports a
+    failure: returned wrapped for the finalize's gather where it wraps its own (0.5.0+:
+    every rank then raises), else raised (0.4.1)."""
+    import inspect
+
+    names = getattr(getattr(inspect.unwrap(retrieve), "__code__", None), "co_names", ())
+    wrap = next((getattr(fs, name) for name in ("_wrap_exception_for_gather", "_wrap_exception")
+                 if name in names and callable(getattr(fs, name, None))), None)
+    if wrap is None:
+        raise exc
+    try:
+        raise exc  # a traceback for the wrapped form
+    except type(exc) as raised:
+        return wrap(raised)
 
 
 # -- a child of os.fork(): what it lets go of --------------------------------------------------------

@@ -61,8 +61,9 @@ def build(active, source, requested, verdicts, patched, calls):
 
 
 def _target_state(target, active, source, verdicts, patched, calls):
-    if target.name in _log.errors and target in patched:  # keyed by name: only a step fails
-        return State.ERROR, f"hook failed: {_log.errors[target.name]}"
+    failed = _log.errors.get(f"{target.fix} {target.name}") or _log.errors.get(target.name)
+    if failed and target in patched:  # only a step fails
+        return State.ERROR, f"hook failed: {failed}"
     if not active:
         if _config.disabled_fixes(tuple(FIXES)) is None:
             return State.DISABLED, _config.off_reason()

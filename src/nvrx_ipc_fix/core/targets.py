@@ -32,10 +32,10 @@ def _probe(name):
     return applies
 
 
-(announces, caller_queues, nvrx_worker_cache, persistent_worker, warm_up, worker_cache,
- worker_loop, writer_cache, writer_keys) = map(_probe, (
-    "announces", "caller_queues", "nvrx_worker_cache", "persistent_worker", "warm_up",
-    "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
+(announces, caller_queues, nvrx_worker_cache, persistent_worker, shared_results, warm_up,
+ worker_cache, worker_loop, writer_cache, writer_keys) = map(_probe, (
+    "announces", "caller_queues", "nvrx_worker_cache", "persistent_worker", "shared_results",
+    "warm_up", "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
 
 
 def framework_queue(module):
@@ -163,9 +163,12 @@ CALLS = {call.name: call for call in (
     Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
     # this rank says it runs the package (worker_watch: every rank learns it at its first
     # schedule); the planned key stays valid until the schedule (clear_on_close), around the
-    # re-send of moved storage (stale_guard)
+    # re-send of moved storage (stale_guard); the save's own results queue replaces NVRx's
+    # shared one as soon as NVRx's method has set it (own_results)
     Call(FS, "FileSystemWriterAsync.prepare_write_data",
-         ("worker_watch", "clear_on_close", "stale_guard")),
+         ("worker_watch", "clear_on_close", "stale_guard", "own_results")),
+    # a save on NVRx's shared queue that overlapped another fails here (own_results)
+    Call(FS, "FileSystemWriterAsync.retrieve_write_results", ("own_results",)),
     *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
     # a terminate that meets a failed save still closes (worker_watch), after the release
     # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
@@ -223,6 +226,11 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("worker_watch", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.worker_watch:prepare_wrapper", ("self", "plan", "planner"), announces,
            optional=True),
+    Target("own_results", FS, "FileSystemWriterAsync.prepare_write_data",
+           "fixes.own_results:prepare_write_data_wrapper", ("self", "plan", "planner"),
+           shared_results),
+    Target("own_results", FS, "FileSystemWriterAsync.retrieve_write_results",
+           "fixes.own_results:retrieve_write_results_wrapper", ("self",), shared_results),
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
            "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
     Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",
