@@ -44,7 +44,7 @@ DOUBLES = os.path.join(TESTS, "doubles")
 sys.path.insert(0, TESTS)  # the tests' harness (harness.scenario), here and in NVRx's workers
 SIZES = {"2g16": (16, 2 ** 31 // 4 // 16), "2g4096": (4096, 2 ** 31 // 4 // 4096),
          "16g64": (64, 2 ** 34 // 4 // 64), "16g128": (128, 2 ** 34 // 4 // 128),
-         "8g64": (64, 2 ** 33 // 4 // 64),
+         "8g64": (64, 2 ** 33 // 4 // 64), "32g256": (256, 2 ** 35 // 4 // 256),
          "256m8": (8, 2 ** 28 // 4 // 8),
          "4m8": (8, 2 ** 22 // 4 // 8), "16m4096": (4096, 2 ** 24 // 4 // 4096)}
 # 4m8, 16m4096: the CPU stand-in (a dry run; per-tensor costs at 4096 tensors)

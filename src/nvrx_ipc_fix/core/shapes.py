@@ -95,8 +95,9 @@ def announces(fs):
         return "not_applicable", ("no FileSystemWriterAsync.prepare_write_data: a rank says it "
                                   "runs the package at its first schedule")
     watch = persistent_worker(sys.modules.get(CORE))  # None: core not imported yet
-    if watch is not None and watch[0] != "active":
-        return watch[0], f"no worker watch to check it: {watch[1]}"
+    if watch is not None and watch[0] != "active":  # its loss, if any, is the watch's to say
+        return ("fixed_upstream" if watch[0] == "fixed_upstream" else "not_applicable",
+                f"no worker watch to check it: {watch[1]}")
     return "active", ("a rank says it runs the package as its first save's planning ends; the "
                       "schedule checks that every rank did")
 

@@ -28,14 +28,14 @@ def close_wrapper(wrapped, instance, args, kwargs):
         had_worker = getattr(instance, "process", None) is not None
         free_before = device_free_bytes() if had_worker else None
     except Exception as exc:
-        hook_failed(CLOSE_TARGET, exc)
+        hook_failed(CLOSE_TARGET, exc, fix="clear_on_close")
         return wrapped(*args, **kwargs)
     result = wrapped(*args, **kwargs)
     if had_worker and not sys.is_finalizing():
         try:
             clear_trainer_caches("the NVRx checkpoint worker was closed", free_before)
         except Exception as exc:
-            hook_failed(CLOSE_TARGET, exc)
+            hook_failed(CLOSE_TARGET, exc, fix="clear_on_close")
     return result
 
 

@@ -30,7 +30,7 @@ def init_wrapper(wrapped, queue, args, kwargs):
             if not report.started:
                 logger.info("%s=start: %s", _config.PREWARM, report.summary())
     except Exception as exc:
-        hook_failed(INIT_TARGET, exc)
+        hook_failed(INIT_TARGET, exc, fix="prewarm")
 
 
 def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
@@ -44,7 +44,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
                 _prewarming.record_sizes(queue, args[0] if args else kwargs.get("async_request"))
             _prewarming.take_over(queue)
         except Exception as exc:
-            hook_failed(SCHEDULE_TARGET, exc)
+            hook_failed(SCHEDULE_TARGET, exc, fix="prewarm")
         except BaseException:
             # Interrupted while it waited: this save's request, built for a worker that would
             # get it, never went, so the next save must send full tensors.

@@ -51,7 +51,7 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         guarded = _shapes.caches_ipc(instance)
         byte_io = _shapes.byte_io(sys.modules[FS])
     except Exception as exc:
-        hook_failed(PREPARE_TARGET, exc)
+        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
         guarded = False
     if not guarded:
         return wrapped(*args, **kwargs)
@@ -65,12 +65,12 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         if _reused_but_moved(instance, plan, planner, resolved):
             _send(instance, plan, planner, resolved)
     except Exception as exc:  # unknown whether it moved: send, never a stale save
-        hook_failed(PREPARE_TARGET, exc)
+        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
         _send_if_reused(instance, plan, planner, resolved)
     try:
         _record_sent(instance, plan)
     except Exception as exc:
-        hook_failed(PREPARE_TARGET, exc)
+        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
     return result
 
 
@@ -153,7 +153,7 @@ def _send_if_reused(instance, plan, planner, resolved) -> None:
         if _shapes.reused(instance):
             _send(instance, plan, planner, resolved)
     except Exception as exc:
-        hook_failed(PREPARE_TARGET, exc)
+        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
         forget_keys()
 
 

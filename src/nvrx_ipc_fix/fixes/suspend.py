@@ -37,4 +37,4 @@ def _ready(target, **whose):
     try:
         _suspend.ready(**whose)
     except Exception as exc:
-        hook_failed(target, exc)
+        hook_failed(target, exc, fix="suspend")
