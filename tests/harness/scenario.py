@@ -455,7 +455,6 @@ def _fork_exit(trainer, close=False):
                     trainer.close()
             finally:
                 sys.exit(0)
-        driver.forked.append(pid)
         done, status = os.waitpid(pid, os.WNOHANG)
         while not done and time.monotonic() - began < FORK_EXIT_BOUND:
             time.sleep(0.05)
@@ -470,7 +469,6 @@ def _fork_exit(trainer, close=False):
             else:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-        driver.forked.remove(pid)
         stderr.seek(0)
         text = stderr.read().decode(errors="replace")
     trainer.phase = None

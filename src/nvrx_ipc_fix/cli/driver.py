@@ -56,7 +56,6 @@ FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
          "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
 HUNG = threading.Event()  # set once the watchdog has reported a hang
-forked = []  # processes of the caller's (not multiprocessing's) that the hang exit kills
 _scratch = None  # main()'s temp directory: this process's and its children's TMPDIR
 
 
@@ -503,17 +502,43 @@ class _Watchdog:
 
     @staticmethod
     def exit():
-        """End this process's workers and the process, with no clean-up but the scratch."""
-        children = multiprocessing.active_children()
-        for child in children:
-            child.kill()
-        for pid in forked:  # not multiprocessing's
-            os.kill(pid, signal.SIGKILL)
-        for child in children:
-            child.join(5)
+        """End this process's descendants (NVRx's worker, its writer processes, the results
+        manager) and the process, with no clean-up but the scratch, which none of them can
+        write into any more."""
+        from ..worker.guardian_process import children
+
+        found, look = [], [os.getpid()]
+        while look:  # stopped as found: none forks or writes after it is seen
+            for pid in children(look.pop()):
+                if pid not in found:
+                    found.append(pid)
+                    look.append(pid)
+                    _signal(pid, signal.SIGSTOP)
+        for pid in reversed(found):
+            _signal(pid, signal.SIGKILL)
+        multiprocessing.active_children()  # reaps the children multiprocessing started
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_running(pid) for pid in found):
+            time.sleep(0.01)
         if _scratch is not None:  # os._exit runs no clean-up
             shutil.rmtree(_scratch, ignore_errors=True)
         os._exit(0)
+
+
+def _signal(pid, signum):
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _running(pid):
+    """Is ``pid`` still a process that can write (not gone, not a zombie)?"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
+    except OSError:
+        return False
 
 
 def main(argv=None, make=None, options=()):
