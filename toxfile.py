@@ -1,9 +1,12 @@
-"""tox's inline plugin (tox loads this file itself): a line as each env starts and as it ends.
-A parallel run (``scripts/test``) shows an env's own output only when it fails, and the first
-envs take minutes: without these lines it is silent until the first one ends. There, an env that passed is followed by its counts and slowest tests (each pytest run's
+"""tox's inline plugin (tox loads this file itself): a line as each env starts and as it ends,
+and, while envs run, a line every ``NVRX_TESTS_PROGRESS`` seconds (30) naming them and how
+long each has run. A parallel run (``scripts/test``) shows an env's own output only when it
+fails, and the first envs take minutes: without these lines it is silent until the first one
+ends. There, an env that passed is followed by its counts and slowest tests (each pytest run's
 ``$NVRX_TESTS_SUMMARY``, ``conftest.pytest_terminal_summary``); a failed env's output, which
 tox shows, has them already."""
 
+import os
 import sys
 import threading
 import time
@@ -11,19 +14,43 @@ import time
 from tox.plugin import impl
 from tox.tox_env.runner import RunToxEnv
 
+PERIOD = float(os.environ.get("NVRX_TESTS_PROGRESS") or 30)
 _lock = threading.Lock()
 _started = {}  # env name -> time.monotonic() at its start
 _exit_codes = {}  # env name -> its commands' exit code
+_said = [time.monotonic()]  # when the last line was written
+_ticker = []  # the thread that writes the progress lines, once started
 
 
 def _write(text):
     with _lock:
         sys.stdout.write(text)
         sys.stdout.flush()
+        _said[0] = time.monotonic()
 
 
 def _say(name, what):
     _write(f"[{time.strftime('%H:%M:%S')}] {name}: {what}\n")
+
+
+def _elapsed(seconds):
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+
+
+def _tick():
+    """A line naming the envs that run, ``PERIOD`` seconds after the last line."""
+    while True:
+        with _lock:
+            now = time.monotonic()
+            due = _said[0] + PERIOD - now
+            running = [f"{name} ({_elapsed(now - at)})" for name, at in _started.items()]
+        if due > 0:
+            time.sleep(due)
+        elif running:
+            _write(f"[{time.strftime('%H:%M:%S')}] running: {', '.join(running)}\n")
+        else:
+            time.sleep(PERIOD)
 
 
 def _start(tox_env):
@@ -32,6 +59,9 @@ def _start(tox_env):
         if not isinstance(tox_env, RunToxEnv) or name in _started:
             return
         _started[name] = time.monotonic()
+        if not _ticker:
+            _ticker.append(threading.Thread(target=_tick, name="progress", daemon=True))
+            _ticker[0].start()
     _say(name, "started")
 
 
