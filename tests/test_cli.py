@@ -200,6 +200,12 @@ def test_a_fix_turned_off_by_name_is_disabled_before_and_after_import():
 
 
 @pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
+def test_version_is_the_installed_distribution_s():
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "--version"])
+    assert (rc, out, err) == (0, f"nvrx-ipc-fix {metadata.version('nvrx-ipc-fix')}\n", ""), err
+
+
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
 def test_a_reader_that_leaves_early_gets_no_traceback():
     """``python -m nvrx_ipc_fix | head``: stdout's reader is gone before the output."""
     read, write = os.pipe()
