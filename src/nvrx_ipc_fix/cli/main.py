@@ -105,9 +105,11 @@ def _import_nvrx():
 
 def _show(as_json: bool, no_import: bool) -> int:
     import nvrx_ipc_fix
+    from ..worker import suspend
 
     if not no_import:
         _import_nvrx()
+    suspend.probe()  # the automatic release's line, as doctor says it
     snapshot = nvrx_ipc_fix.status()
     print(json.dumps(snapshot.to_dict(), indent=2) if as_json else snapshot.table())
     return 0

@@ -8,9 +8,10 @@ import enum
 
 #: ``Status.standby`` before any ``restart`` release (``worker.standby``).
 STANDBY_NOT_STARTED = "not started: no restart release yet"
-#: ``Status.suspend`` before the package's suspend module is imported (``worker.suspend``).
-SUSPEND_NOT_PROBED = ("the automatic release's strategy is decided at the first release "
-                      "(suspend where the CUDA driver can, else restart)")
+#: The automatic release's strategy before the CUDA driver is probed (``worker.suspend``'s
+#: ``automatic_release``), and ``Status.suspend`` before that module is imported.
+SUSPEND_NOT_PROBED = ("suspend where the CUDA driver's process checkpoint API works, else "
+                      "restart (the driver is probed at the first suspend)")
 
 
 class State(str, enum.Enum):
