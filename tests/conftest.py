@@ -11,6 +11,7 @@ what ``import nvrx_ipc_fix`` does.
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -454,8 +455,9 @@ def pytest_collectreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     """The outcome counts and the slowest tests; also written to ``$NVRX_TESTS_SUMMARY``
-    (tox: each env's, which scripts/test prints at the end). By the controlling process only,
-    under xdist (a worker's own would count its share)."""
+    under a heading that names the run (tox: each env's, which ``toxfile.py`` shows after an
+    env that passed in a parallel run). By the controlling process only, under xdist (a
+    worker's own would count its share)."""
     if hasattr(terminalreporter.config, "workerinput"):
         return
     counts = ", ".join(f"{len(terminalreporter.stats.get(key, []))} {key}"
@@ -470,6 +472,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_sep("=", "test times")
     for line in lines:
         terminalreporter.write_line(line)
-    if os.environ.get("NVRX_TESTS_SUMMARY"):
-        with open(os.environ["NVRX_TESTS_SUMMARY"], "a") as out:  # an env may run pytest twice
-            out.write("\n".join(lines) + "\n")
+    if os.environ.get("NVRX_TESTS_SUMMARY"):  # an env may run pytest twice: each its heading
+        heading = f"pytest {shlex.join(terminalreporter.config.invocation_params.args)}"
+        with open(os.environ["NVRX_TESTS_SUMMARY"], "a") as out:
+            out.write("\n".join([heading, *lines]) + "\n")

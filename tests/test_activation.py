@@ -106,12 +106,15 @@ def test_the_wheel_puts_the_startup_files_at_its_root_and_in_record(wheel):
 
 
 def test_the_wheel_ships_what_users_run_and_no_test_harness(wheel):
-    """The demo's and ``selftest``'s driver and CUDA stand-in, and nothing of the tests'
-    harness (``tests/harness``: faults, the driver's stand-in, the scenario's extra steps)."""
+    """The demo's and ``selftest``'s driver and CUDA stand-in, the ``py.typed`` marker (users'
+    type checkers read the package's annotations, PEP 561), and nothing of the tests' harness
+    (``tests/harness``: faults, the driver's stand-in, the scenario's extra steps)."""
     with zipfile.ZipFile(wheel) as whl:
-        modules = sorted(n for n in whl.namelist() if n.endswith(".py"))
+        names = whl.namelist()
+        modules = sorted(n for n in names if n.endswith(".py"))
     assert {"nvrx_ipc_fix/cli/driver.py", "nvrx_ipc_fix/cli/fakecuda.py",
             "nvrx_ipc_fix/cli/runner.py"} <= set(modules)
+    assert "nvrx_ipc_fix/py.typed" in names, names
     harness = {p.name for p in (ROOT / "tests" / "harness").glob("*.py")} - {"__init__.py"}
     assert harness and [n for n in modules if n.rpartition("/")[2] in harness
                         or "/testing/" in n or n.startswith("harness/")] == []

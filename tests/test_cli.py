@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MCORE, NVRX, EXPECT, needs_nvrx, pth_installed, run_process, run_python
+from conftest import GPU, MCORE, NVRX, EXPECT, needs_nvrx, pth_installed, run_process, run_python
 
 
 def cli(*args):
@@ -60,6 +60,25 @@ def test_table_and_no_import():
     rows = cli("--no-import").split("\ntargets:\n")[1].split("\n\n")[0].splitlines()
     assert [row.split()[:3] for row in rows] == [[t["fix"], t["target"], t["state"]]
                                                  for t in status["targets"]]  # a fix column
+
+
+@pytest.mark.skipif(not (NVRX and EXPECT[NVRX]["cache"]), reason="doctor says it only where "
+                    "an NVRx with the IPC cache is installed")
+def test_doctor_the_status_and_no_import_word_the_automatic_release_alike():
+    """One wording of the automatic release's strategy, the driver probed alike: here, on a
+    machine without the CUDA driver's process checkpoint API, ``restart`` and why (doctor said
+    so while the status said ``suspend`` if the driver could, and ``--no-import`` a third
+    thing)."""
+    from nvrx_ipc_fix.core.status import SUSPEND_NOT_PROBED
+
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor", "--json"])
+    line, = [c["text"] for c in json.loads(out)["checks"] if c["label"] == "automatic release"]
+    status = json.loads(cli("--json"))["suspend"]
+    no_import = json.loads(cli("--json", "--no-import"))["suspend"]
+    assert status == no_import == f"{line}; 0 suspend(s), 0 resume(s), 0 suspended now", out
+    assert line != SUSPEND_NOT_PROBED
+    if not GPU:
+        assert line.startswith("restart: suspend is not used here ("), line
 
 
 #: The distribution that ships each target module (NeMo RL's and slime's: none named).
@@ -147,7 +166,7 @@ def test_a_kill_switch_value_it_does_not_understand_is_named_as_set():
     """, env={"NVRX_IPC_FIX_DISABLE": " Maybe"})
     assert seen["reasons"] == ["NVRX_IPC_FIX_DISABLE=' Maybe': not understood, so the whole "
                                "package is off"]
-    fixes = [line for line in seen["doctor"] if " fix " in line]
+    fixes = [line for line in seen["doctor"] if line[6:].startswith("fix ")]  # the fix rows
     assert fixes and all("' Maybe'" in line and "=1" not in line for line in fixes), fixes
     assert any(line.endswith("NVRX_IPC_FIX_DISABLE: ' Maybe': the package is off (a value the "
                              "kill switch does not understand turns it off)")
@@ -198,6 +217,12 @@ def test_a_fix_turned_off_by_name_is_disabled_before_and_after_import():
                                env={"NVRX_IPC_FIX_DISABLE": "worker_watch"})
     assert "warn  fix worker_watch: disabled: NVRX_IPC_FIX_DISABLE names worker_watch" in out
     assert "warn  NVRX_IPC_FIX_DISABLE: 'worker_watch': worker_watch off" in out
+
+
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
+def test_version_is_the_installed_distribution_s():
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "--version"])
+    assert (rc, out, err) == (0, f"nvrx-ipc-fix {metadata.version('nvrx-ipc-fix')}\n", ""), err
 
 
 @pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt

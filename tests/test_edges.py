@@ -70,7 +70,11 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "INF", INF, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "0.5", 0.5, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", INF, INF, False),
-    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1e400", INF, False),  # parses as inf
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", " Infinity ", INF, False),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "+inf", INF, False),
+    # a number too large for a float is not "no limit" unless it says inf
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1e400", 60.0, True),
+    ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1E999", 60.0, True),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "1e300", 1e300, False),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", NAN, 60.0, True),
     ("NVRX_IPC_FIX_RELEASE_TIMEOUT", "0", 60.0, True),
@@ -82,8 +86,14 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "0", INF, False),  # off
     ("NVRX_IPC_FIX_STALL_TIMEOUT", INF, INF, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "2.5", 2.5, False),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", " INF", INF, False),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "0.0", INF, False),  # off
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "1e300", 1e300, False),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", NAN, 300.0, True),
     ("NVRX_IPC_FIX_STALL_TIMEOUT", "-1", 300.0, True),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "-inf", 300.0, True),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "soon", 300.0, True),
+    ("NVRX_IPC_FIX_STALL_TIMEOUT", "1e400", 300.0, True),
     ("NVRX_IPC_FIX_PIN", "", True, False),
     ("NVRX_IPC_FIX_PIN", "  ", True, False),
     ("NVRX_IPC_FIX_PIN", " OFF ", False, False),

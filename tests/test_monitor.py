@@ -6,12 +6,17 @@ first save's handshake wait, ended but still in the thread's hands, drained the 
 worker's preload queue when the aborted worker's death came in. With the real worker: the
 waits it ends still end after the thread was killed once."""
 
+import logging
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
-from conftest import needs_nvrx, scenario
+from conftest import needs_nvrx, run_python, scenario
 from nvrx_ipc_fix.worker import monitor as _monitor
 
 
@@ -95,3 +100,92 @@ def test_after_the_monitor_thread_died_a_death_in_the_handshake_or_in_close_stil
     close, = report["calls"]
     assert close["error"] is None and close["workers_after"] == 0
     assert [s["stale"] for s in report["saves"] if not s.get("lost")] == [0, 0, 0]
+
+
+class Writer:
+    """A child process that makes progress the monitor can see, a few bytes of I/O every 50
+    ms, with what the monitor reads of a ``multiprocessing.Process`` (its sentinel: a pidfd)."""
+
+    def __init__(self):
+        self._popen = subprocess.Popen(
+            [sys.executable, "-c", "import os, time\nwhile True:\n"
+             "    os.write(1, b'.')\n    time.sleep(0.05)"], stdout=subprocess.DEVNULL)
+        self.pid = self._popen.pid
+        self.sentinel = os.pidfd_open(self.pid)
+
+    @property
+    def exitcode(self):
+        return self._popen.returncode
+
+    def join(self, timeout=None):
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def end(self):
+        self._popen.kill()
+        self._popen.wait()
+        os.close(self.sentinel)
+
+
+class Lines(logging.Handler):
+    """The monitor's log lines, each with when it came; ``error`` and ``warning`` are set by
+    the first of each."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines, self.error, self.warning = [], threading.Event(), threading.Event()
+
+    def emit(self, record):
+        self.lines.append((time.monotonic(), record.levelname, record.getMessage()))
+        {"ERROR": self.error, "WARNING": self.warning}.get(record.levelname,
+                                                          threading.Event()).set()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="samples /proc")
+def test_a_stopped_worker_is_reported_while_another_process_of_the_rank_is_busy(monkeypatch):
+    """The stall watch samples the worker and what it may wait on, not every process of the
+    rank: with the worker stopped and another child of the trainer busy (as the forkserver, the
+    resource tracker may be), the stall ERROR comes, and the WARNING that the worker makes
+    progress again only after it is continued."""
+    monkeypatch.setenv("NVRX_IPC_FIX_STALL_TIMEOUT", "1")
+    busy, worker, lines = Writer(), Writer(), Lines()
+    os.kill(worker.pid, signal.SIGSTOP)
+    _monitor.logger.addHandler(lines)
+    try:
+        with _monitor.watching("the finalize of save #1", lambda: worker):
+            assert lines.error.wait(30), lines.lines
+            assert not lines.warning.is_set(), lines.lines  # the worker is still stopped
+            continued = time.monotonic()
+            os.kill(worker.pid, signal.SIGCONT)
+            assert lines.warning.wait(30), lines.lines
+    finally:
+        _monitor.logger.removeHandler(lines)
+        busy.end()
+        worker.end()
+    (_, error, stalled), (at, warning, recovered) = lines.lines[:2]
+    assert (error, warning) == ("ERROR", "WARNING"), lines.lines
+    assert f"(pid {worker.pid})" in stalled and "made progress" in stalled
+    assert "makes progress again" in recovered and at >= continued, (continued, lines.lines)
+
+
+@needs_nvrx
+def test_the_stall_watch_samples_nvrx_s_results_queue_manager_with_the_worker():
+    """The worker's writes wait on NVRx's results-queue manager, a process of the trainer's
+    that NVRx starts at the first save that writes: its progress is the worker's too."""
+    found = run_python("""
+        import json, os
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async as fs
+        from nvrx_ipc_fix.worker import monitor
+
+        class Worker:
+            pid = os.getpid()
+
+        before = monitor.watched(Worker)
+        (getattr(fs, "get_write_results_queue", None) or fs._get_write_results_queue)()
+        manager = fs._results_queue._manager._process
+        print(json.dumps([before, monitor.watched(Worker), Worker.pid, manager.pid]))
+    """)
+    before, after, worker, manager = found
+    assert before == [worker] and after == [worker, manager], found

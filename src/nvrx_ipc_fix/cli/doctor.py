@@ -232,17 +232,11 @@ def _nvrx(version, affected):
 
 def _automatic_release():
     """Which strategy the automatic release uses on this machine, and why (the driver is
-    probed here; a job's own process also needs the fix ``suspend`` active)."""
-    from ..worker import cuda_checkpoint
+    probed here), as the status says it."""
+    from ..worker import suspend
 
-    chosen = _config.auto_strategy()
-    if chosen != "suspend":
-        return "info", "automatic release", f"{chosen} ({_config.STRATEGY})"
-    driver, why = cuda_checkpoint.load(in_use=False)
-    if why is not None:
-        return "info", "automatic release", f"restart: suspend is not possible here ({why})"
-    return ("info", "automatic release", f"suspend: the CUDA driver's process checkpoint API is "
-            f"here (driver API {driver.version()})")
+    suspend.probe()
+    return "info", "automatic release", suspend.automatic_release()
 
 
 def _mcore(untested):

@@ -1,5 +1,6 @@
 """``python -m nvrx_ipc_fix [status] [--json] [--no-import]``, ``doctor [--json]
-[--python PATH]``, ``install-sitecustomize DIR``, ``bundle DIR``, ``demo`` and ``selftest``.
+[--python PATH]``, ``install-sitecustomize DIR``, ``bundle DIR``, ``demo``, ``selftest`` and
+``--version``.
 
 ``--json`` works before the sub-command or after it, for the two that print JSON (status,
 doctor); given to another, it is a usage error (exit 2), as ``--no-import`` is to any but
@@ -13,12 +14,14 @@ import json
 import os
 import sys
 
+from ..core import __version__
 from ..core.detect import CORE, FS, NVRX_DIST, distribution_version
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvrx_ipc_fix",
                                      description="Show what nvrx-ipc-fix does in this environment.")
+    parser.add_argument("--version", action="version", version=f"nvrx-ipc-fix {__version__}")
     sub = parser.add_subparsers(dest="command")
     show = sub.add_parser("status", help="print the status (the default)")
     doctor = sub.add_parser("doctor", help="check that processes started like this one get "
@@ -102,9 +105,11 @@ def _import_nvrx():
 
 def _show(as_json: bool, no_import: bool) -> int:
     import nvrx_ipc_fix
+    from ..worker import suspend
 
     if not no_import:
         _import_nvrx()
+    suspend.probe()  # the automatic release's line, as doctor says it
     snapshot = nvrx_ipc_fix.status()
     print(json.dumps(snapshot.to_dict(), indent=2) if as_json else snapshot.table())
     return 0

@@ -154,13 +154,18 @@ def _parse_release(raw):
 
 
 def _parse_seconds(raw, default, allow_zero=False):
+    """Seconds, or infinity where the value says so (``inf``, ``infinity``): a number too
+    large for a float (``1e400``) is not taken for it."""
     if not raw:
         return default, None
     try:
-        return seconds(float(raw), "", allow_zero), None
+        value = seconds(float(raw), "", allow_zero)
     except ValueError:
         return default, (f"is not a number of seconds {'>= 0' if allow_zero else '> 0'} "
                          f"(or inf); using {default:g}")
+    if value == float("inf") and "inf" not in raw:
+        return default, f"is too large for a number of seconds (inf: no limit); using {default:g}"
+    return value, None
 
 
 def _parse_release_timeout(raw):

@@ -11,8 +11,9 @@ prewarm and the after-fork code reach what differs.
 * **The writer**: NVRx 0.6.0's and 0.7.0's IPC cache (``_cached_identifiers``), with or
   without ``cleanup_tensor_caches``; the queue a save's results come back in
   (``results_queue``).
-* **A child of ``os.fork()``**: megatron-core's class-level worker and NVRx's results-queue
-  manager, which it lets go of.
+* **The results-queue manager**: a process of the rank's that the worker's writes wait on
+  (the stall watch samples it); a child of ``os.fork()`` lets go of it, and of megatron-core's
+  class-level worker.
 * **The finalize collective**: the one-int sum the worker watch's failure flag rides on.
 
 Importing this module imports ``detect`` only (activation reads the probes from here).
@@ -504,7 +505,7 @@ def failed_retrieval(fs, retrieve, exc):
         return wrap(raised)
 
 
-# -- a child of os.fork(): what it lets go of --------------------------------------------------------
+# -- the results-queue manager; a child of os.fork(): what it lets go of ----------------------
 
 def detach_class_worker(module):
     """megatron-core's worker of this process, on its classes: the classes let go of it;
@@ -524,14 +525,22 @@ def detach_class_worker(module):
     return process, held, caller
 
 
+def results_manager_process(fs):
+    """The process of the writer module ``fs``'s results-queue manager (NVRx's, or megatron-
+    core's copy), started by the first save that writes; None before, or without ``fs``."""
+    results = getattr(fs, "_results_queue", None)
+    return getattr(getattr(results, "_manager", None), "_process", None)
+
+
 def results_manager(fs):
     """NVRx's results-queue manager process, detached from the writer's module (the child
     makes its own); ``(what to keep alive, the process)``, or ``(None, None)``."""
     results = getattr(fs, "_results_queue", None)
     if results is None:
         return None, None
+    process = results_manager_process(fs)
     fs._results_queue = None
-    return results, getattr(getattr(results, "_manager", None), "_process", None)
+    return results, process
 
 
 # -- the finalize collective ------------------------------------------------------------------

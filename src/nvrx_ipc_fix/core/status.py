@@ -10,9 +10,10 @@ import enum
 STANDBY_NOT_STARTED = "not started: no restart release yet"
 #: ``Status.guardian`` before the first process to guard (``worker.guardian``).
 GUARDIAN_NOT_STARTED = "not started: no process to guard yet"
-#: ``Status.suspend`` before the package's suspend module is imported (``worker.suspend``).
-SUSPEND_NOT_PROBED = ("the automatic release's strategy is decided at the first release "
-                      "(suspend where the CUDA driver can, else restart)")
+#: The automatic release's strategy before the CUDA driver is probed (``worker.suspend``'s
+#: ``automatic_release``), and ``Status.suspend`` before that module is imported.
+SUSPEND_NOT_PROBED = ("suspend where the CUDA driver's process checkpoint API works, else "
+                      "restart (the driver is probed at the first suspend)")
 #: ``Status.peers`` before the first save of a job of several ranks (``worker.peers``).
 PEERS_NOT_CHECKED = "not checked yet: at the first save of a job of several ranks"
 

@@ -204,7 +204,7 @@ def _target(wrapped):
 def _reporting(request):
     """``request`` with its functions run by ``_worker.reporting`` in the worker (their
     traceback reaches the trainer's error); unchanged where it has none."""
-    changes = {name: partial(_worker.reporting, getattr(request, name))
+    changes = {name: partial(_worker.reporting, _worker.directory(), getattr(request, name))
                for name in ("async_fn", "preload_fn") if getattr(request, name, None)}
     return _shapes.with_functions(request, **changes) if changes else request
 

@@ -1,17 +1,26 @@
-"""Functions that run inside the NVRx (or megatron-core) checkpoint worker, and the
-traceback file through which the worker's last uncaught exception reaches the trainer.
+"""Functions that run inside the NVRx (or megatron-core) checkpoint worker, and the files
+through which the worker's last uncaught exception and its pinning report reach the trainer.
 
 They travel in an ``AsyncRequest`` and are pickled by reference (module and name), so
 the worker imports this module to run them. That import activates the package in the
 worker too, which is harmless: nothing there closes workers or prepares writes.
+
+The files are in a directory of the trainer's own (``directory``: ``mkdtemp``, mode 0700,
+removed when the trainer exits), never under a name another user of the machine could plant
+in the shared temporary directory. The worker learns it from the requests that run these
+functions (``reporting``, ``warm_up``), whatever started it (NVRx's spawn, a fork, the
+standby), and writes there only if it is still a directory of its user that no one else may
+write to, never through a symbolic link.
 """
 
+import atexit
 import gc
 import importlib
 import json
 import os
+import stat
 import sys
-import tempfile
+import threading
 import time
 
 from ..core import state as _state
@@ -26,12 +35,47 @@ WORKER_IMPORTS = [FS]
 pin_without_cuda = None
 #: What a worker leaves for the trainer: ``traceback`` (its last uncaught exception) and
 #: ``pinned`` (what ``warm_up`` pinned ahead).
-WORKER_FILE = "nvrx_ipc_fix-{uid}-worker-{pid}.{kind}"
+WORKER_FILE = "worker-{pid}.{kind}"
+
+_lock = threading.Lock()
+#: ``(the directory, the pid of the trainer that made it)``; in a worker, the directory its
+#: last request named (or its trainer's, where it was forked from it) and that trainer's pid.
+_private = (None, None)
 
 
-def reporting(function, *args, **kwargs):
+def directory():
+    """The trainer's private directory for what its workers leave (made at first need)."""
+    global _private
+    with _lock:
+        path, owner = _private
+        if owner != os.getpid():  # none yet, or a forked child's: a directory of its own
+            import tempfile
+
+            path = tempfile.mkdtemp(prefix="nvrx_ipc_fix-")
+            _private = (path, os.getpid())
+            atexit.register(_remove, path, os.getpid())
+        return path
+
+
+def _remove(path, owner):
+    if os.getpid() == owner:  # not in a forked child that exits through the handlers
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _told(path):
+    """In the worker: the trainer's directory, as a request named it."""
+    global _private
+    if path is not None and path != _private[0]:
+        _private = (path, None)
+
+
+def reporting(path, function, *args, **kwargs):
     """Run a save request's ``async_fn`` or ``preload_fn``; if it raises, leave the
-    traceback for the trainer (the worker then dies of it, as without the package)."""
+    traceback for the trainer in its directory ``path`` (the worker then dies of it, as
+    without the package)."""
+    _told(path)
     try:
         return function(*args, **kwargs)
     except Exception:
@@ -43,28 +87,46 @@ def leave_traceback():
     """Write the exception being handled to this worker's traceback file (never raises)."""
     import traceback
 
+    _leave("traceback", traceback.format_exc()[-16000:])
+
+
+def _leave(kind, text):
+    """Write what this worker leaves of ``kind`` into its trainer's directory: only into a
+    directory of this user's that no one else may write to, never through a symbolic link
+    (never raises; False if nothing was written)."""
+    path = _private[0]
+    if path is None:
+        return False
     try:
-        with open(worker_file(os.getpid(), "traceback"), "w", encoding="utf-8") as out:
-            out.write(traceback.format_exc()[-16000:])
+        folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(folder)
+        if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+            return False
+        name = WORKER_FILE.format(pid=os.getpid(), kind=kind)
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600,
+                      dir_fd=folder)
+        with open(out, "w", encoding="utf-8") as file:
+            file.write(text)
+        return True
     except Exception:
-        pass
-
-
-def worker_file(pid, kind):
-    """The path of what the worker ``pid`` leaves of ``kind`` (``WORKER_FILE``)."""
-    return os.path.join(tempfile.gettempdir(),
-                        WORKER_FILE.format(uid=os.getuid(), pid=pid, kind=kind))
+        return False
+    finally:
+        os.close(folder)
 
 
 def take_file(pid, kind):
     """The text the worker ``pid`` left of ``kind``, the file removed; None if there is none."""
-    if pid is None:
-        return None
-    path = worker_file(pid, kind)
+    path = _private[0]
+    if pid is None or path is None or _private[1] != os.getpid():
+        return None  # no directory yet: no worker was told one
+    name = os.path.join(path, WORKER_FILE.format(pid=pid, kind=kind))
     try:
-        with open(path, encoding="utf-8") as found:
+        with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW), encoding="utf-8") as found:
             text = found.read()
-        os.unlink(path)
+        os.unlink(name)
         return text
     except OSError:
         return None
@@ -85,14 +147,15 @@ def drop_cache():
         torch.cuda.empty_cache()
 
 
-def warm_up(modules, sizes=(), standby=None):
+def warm_up(modules, sizes=(), standby=None, path=None):
     """Import ``modules`` (what the saves will unpickle here), so that the first save to a
     prewarmed worker does not wait for them (a failure is left for that save to meet); then
-    pin host memory of ``sizes`` bytes (``pin_host``) and report it (``worker_file``), with
-    when this request began and how long the pinning took.
+    pin host memory of ``sizes`` bytes (``pin_host``) and report it (``pinned`` in the
+    trainer's directory ``path``), with when this request began and how long the pinning took.
     ``standby``: the pid of the standby this worker was forked from (``worker.standby``),
     with which it dies."""
     entered = time.time()
+    _told(path)
     if standby is not None:
         die_with(standby)
     for name in modules:
@@ -103,12 +166,8 @@ def warm_up(modules, sizes=(), standby=None):
     if sizes:
         began = time.perf_counter()
         pinned, error = pin_host(sizes)
-        try:
-            with open(worker_file(os.getpid(), "pinned"), "w") as out:
-                json.dump({"pinned_bytes": pinned, "error": error, "entered": entered,
-                           "pin_s": time.perf_counter() - began}, out)
-        except OSError:
-            pass
+        _leave("pinned", json.dumps({"pinned_bytes": pinned, "error": error,
+                                     "entered": entered, "pin_s": time.perf_counter() - began}))
 
 
 def die_with(parent):

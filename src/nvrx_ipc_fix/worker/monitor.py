@@ -8,10 +8,10 @@ ordinary save pays no system call and wakes no thread. The thread, started with 
 wait, looks at the list every ``tick`` (one second) and blocks in
 ``multiprocessing.connection.wait`` on the sentinels of the workers it found there, so a
 death is seen within a tick: it records the exit code and calls the wait's ``unblock``.
-For a wait older than a tick it also samples progress (CPU time and I/O of this rank's
-helper processes, from ``/proc``); after ``NVRX_IPC_FIX_STALL_TIMEOUT`` seconds without
-any (for an all-reduce: without an end) it logs one ERROR, and one WARNING when the wait
-goes on or ends.
+For a wait older than a tick it also samples progress (CPU time and I/O, from ``/proc``, of
+the worker, its descendants and the processes it may wait on: ``watched``); after
+``NVRX_IPC_FIX_STALL_TIMEOUT`` seconds without any (for an all-reduce: without an end) it
+logs one ERROR, and one WARNING when the wait goes on or ends.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import time
 from contextlib import contextmanager
 from multiprocessing import connection
 
-from ..core import config as _config, fork as _fork
+from ..core import config as _config, fork as _fork, shapes as _shapes
+from ..core.detect import FS, MCORE_FS
 from ..core.log import logger
 from . import exit_status as _exit_status
 
@@ -177,7 +178,7 @@ class _Monitor:
             return
         process = started_process(wait.process_of()) if wait.process_of else None
         if process is not None:
-            sample = progress(os.getpid(), itself=False)  # None (no /proc): by time alone
+            sample = progress(*watched(process))  # None (no /proc): by time alone
             if sample is not None and sample != wait.progress:
                 if wait.stalled_at is not None:
                     self.recovered(wait, "the checkpoint worker (pid %s) makes progress "
@@ -191,7 +192,7 @@ class _Monitor:
             wait.stalled_at = now
         if process is not None:
             logger.error("rank %s: %s has waited %.0f s on the checkpoint worker (pid %s), "
-                         "which is alive, but neither it nor this rank's other processes made "
+                         "which is alive, but neither it nor what it may wait on made "
                          "progress (CPU or I/O) for %.0f s: stopped, swapping, or blocked on "
                          "storage? (%s=%g s)", rank(), wait.where,
                          now - wait.started, process.pid, now - wait.progress_at,
@@ -222,19 +223,22 @@ def watching(where, process_of=None, unblock=None, hint=None):
         _monitor.remove(wait)
 
 
-def progress(pid, itself=True):
-    """CPU ticks plus I/O bytes of ``pid``'s descendants (and of ``pid`` itself unless
-    ``itself`` is false), or None without /proc.
+def watched(process):
+    """The pids whose progress is the worker ``process``'s: its own, then those of the
+    processes its writes may wait on (NVRx's results-queue manager, megatron-core's copy),
+    not the rank's other processes (a forkserver, the resource tracker, a standby)."""
+    pids = [process.pid]
+    for name in (FS, MCORE_FS):
+        manager = started_process(_shapes.results_manager_process(sys.modules.get(name)))
+        if manager is not None and manager.pid not in pids:
+            pids.append(manager.pid)
+    return pids
 
-    The monitor samples the trainer's descendants, not only the worker: the worker may wait
-    on another helper of this rank (NVRx's results-queue manager starts during the first
-    save), and that is progress too."""
-    total, seen, todo = 0, {pid} if not itself else set(), [pid]
-    if not itself:
-        try:
-            todo = _children(pid)
-        except OSError:
-            return None
+
+def progress(pid, *others):
+    """CPU ticks plus I/O bytes of ``pid``, of ``others`` and of their descendants, each
+    counted once; None without /proc or without ``pid``."""
+    total, seen, todo = 0, set(), [*others, pid]
     while todo:
         current = todo.pop()
         if current in seen:
@@ -265,8 +269,13 @@ def stat_fields(pid):
 
 
 def _children(pid):
+    """``pid``'s children; OSError without that process (a thread that ends meanwhile is
+    skipped)."""
     found = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children", "rb") as children:
-            found.extend(int(child) for child in children.read().split())
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as children:
+                found.extend(int(child) for child in children.read().split())
+        except OSError:
+            continue
     return found

@@ -54,7 +54,7 @@ from ..core.detect import CORE
 from ..core.log import logger
 from . import guardian as _guardian, monitor as _monitor, registry as _workers
 from . import standby as _standby
-from .inside import WORKER_IMPORTS, take_file, warm_up
+from .inside import WORKER_IMPORTS, directory, take_file, warm_up
 from .suspend import resume
 
 
@@ -334,7 +334,8 @@ def _start(queue, core, rank, slot):
         _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
         sizes = _sizes.get(queue, ()) if _config.pin_ahead() and not slot else ()
         _shapes.worker_queues(caller)[0].put(_shapes.request(
-            core, warm_up, (list(WORKER_IMPORTS), sizes, standby), _workers.SENTINEL))
+            core, warm_up, (list(WORKER_IMPORTS), sizes, standby, directory()),
+            _workers.SENTINEL))
         start = _starts[caller] = _Start(caller.process, sum(sizes), standby)
         start.thread = threading.Thread(target=_await_ready, args=(caller, start),
                                         name="nvrx_ipc_fix-prewarm", daemon=True)

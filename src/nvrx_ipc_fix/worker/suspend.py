@@ -22,15 +22,19 @@ watch raises it from the next save's finalize.
 
 import atexit
 import os
+import sys
 import threading
 import time
 import weakref
 
 from ..core import config as _config, fork as _fork, log as _log, state as _state
+from ..core.detect import CORE
 from ..core.errors import STOP
+from ..core.fix_names import FIXES
 from ..core.log import logger
 from . import cuda_checkpoint as _cc, registry as _workers
 
+FIX_NOT_ACTIVE = "the suspend fix is not active (see nvrx_ipc_fix.status())"
 LOCK_TIMEOUT = 10.0  # seconds the driver may take to lock an idle worker
 UNDO_TIMEOUT = 10.0  # seconds for each call that undoes a failed suspend
 #: What opens the driver (``cuda_checkpoint.load``); a CPU stand-in replaces it in tests.
@@ -87,8 +91,42 @@ def _fix_missing():
     """Why the fix that resumes a suspended worker is not in place, or None."""
     if not all(_state.installed("suspend", attr) for attr in (
             "AsyncCallsQueue.schedule_async_request", "PersistentAsyncCaller.close")):
-        return "the suspend fix is not active (see nvrx_ipc_fix.status())"
+        return FIX_NOT_ACTIVE
     return None
+
+
+def _fix_turned_off():
+    """Before NVRx's import, while the fix's targets wait for it: why it will not be in place
+    (turned off by ``NVRX_IPC_FIX_DISABLE``), or None."""
+    off = _config.disabled_fixes(tuple(FIXES))
+    return None if off is not None and "suspend" not in off else FIX_NOT_ACTIVE
+
+
+def probe():
+    """Open the driver now, whether or not this process uses CUDA, as the first suspend of a
+    job on this machine would: for the command line (``doctor``, the status), which runs no
+    job. A trainer's own ``status()`` never opens the driver before its first suspend."""
+    global _driver, _why
+    with _lock:
+        if _driver is None and _why is None:
+            _driver, _why = _cc.load(in_use=False)
+
+
+def automatic_release():
+    """The automatic release's strategy in force and why, in the one wording ``status()``,
+    ``doctor`` and ``python -m nvrx_ipc_fix`` (``--no-import`` too) share."""
+    chosen = _config.auto_strategy()
+    if chosen != "suspend":
+        return f"{chosen} ({_config.STRATEGY})"
+    why = (_fix_missing() if CORE in sys.modules else _fix_turned_off()) or _why
+    if why is not None:
+        return f"restart: suspend is not used here ({why})"
+    if _driver is not None:
+        return (f"suspend: the CUDA driver's process checkpoint API works here (driver API "
+                f"{_driver.version()})")
+    from ..core.status import SUSPEND_NOT_PROBED  # status()'s types: loaded when it is asked
+
+    return SUSPEND_NOT_PROBED
 
 
 def in_force(strategy):
@@ -298,18 +336,8 @@ def _left(deadline):
 @_state.on_status("suspend")
 def describe():
     """For ``status()``: the automatic release's strategy in force and why; the counts."""
-    chosen = _config.auto_strategy()
-    if chosen != "suspend":
-        how = f"{chosen} ({_config.STRATEGY})"
-    elif _fix_missing() or _why is not None:
-        how = f"restart: suspend is not used here ({_fix_missing() or _why})"
-    elif _driver is not None:
-        how = "suspend: the CUDA driver's process checkpoint API works here"
-    else:
-        how = "suspend, if the CUDA driver's process checkpoint API works here (probed at the " \
-              "first suspend)"
-    return (f"{how}; {_counts['suspends']} suspend(s), {_counts['resumes']} resume(s), "
-            f"{len(_suspended)} suspended now")
+    return (f"{automatic_release()}; {_counts['suspends']} suspend(s), {_counts['resumes']} "
+            f"resume(s), {len(_suspended)} suspended now")
 
 
 def _at_exit():
