@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The recovery protocol on one GPU, as users deploy it (issue 20's GPU run; BENCHMARKS.md):
-# the package's wheel installed (start-up activation by its .pth), NVRx 0.6.0 and 0.7.0,
-# 2 GiB in 16 tensors, NCCL world size 1 (torchrun), and Megatron-LM PR #6971's tests on
-# megatron-core 0.19.2. Expects in .whl/: this package's wheel, the two NVRx wheels,
-# megatron-core 0.19.2, defusedxml; and the PR's test file at .upstream/ (see pr6971.py).
+# The recovery protocol on one GPU, as users deploy it (BENCHMARKS.md, "Recovery after a
+# worker failure"): the package's wheel installed (start-up activation by its .pth), NVRx
+# 0.6.0 and 0.7.0, 2 GiB in 16 tensors, NCCL world size 1 (torchrun), and Megatron-LM PR
+# #6971's tests on megatron-core 0.19.2. Expects in .whl/: this package's wheel, the two NVRx
+# wheels, megatron-core 0.19.2, defusedxml; and the PR's test file at .upstream/ (see pr6971.py).
 # Writes benchmarks/results-style JSON lines and pytest's output to $OUT (default: .).
 set -u
 OUT=${OUT:-.}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 35 on one H200: the suspend strategy's GPU tests and its benchmark against flush and
+# The suspend strategy on one H200: its GPU tests and its benchmark against flush and
 # restart (BENCHMARKS.md, "Suspend"). Expects in .whl/: the two NVRx wheels, defusedxml, wrapt
 # and packaging (cp312). Writes pytest's output and benchmarks/results-style JSON lines to $OUT.
 #   bash benchmarks/device_suspend.sh tests    # tests/gpu's suspend tests, NVRx 0.6.0 and 0.7.0

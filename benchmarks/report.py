@@ -18,7 +18,7 @@ GIB = float(1 << 30)
 HERE = os.path.dirname(os.path.abspath(__file__))
 ORDER = ("vanilla", "nemo_rl", "terminate", "flush", "auto", "no_cache", "restart",
          "auto_restart")
-#: The scenarios compared for prewarm (issue 12): the two releases it replaces, and itself.
+#: The scenarios compared for prewarm: the two releases it replaces, and itself.
 PREWARM = ("flush", "terminate", "restart", "restart_nopin", "auto_restart")
 CLEAN_BASELINE = 1 << 30  # a baseline above this means another process was on the device
 

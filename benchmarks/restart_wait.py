@@ -1,6 +1,6 @@
-"""``suspend``, ``restart`` and ``flush`` around offload, inference and onload (issues 27 and
-35): how soon the worker is ready after the onload, what the save after the onload blocks,
-and what an RL step costs.
+"""``suspend``, ``restart`` and ``flush`` around offload, inference and onload: how soon the
+worker is ready after the onload, what the save after the onload blocks, and what an RL step
+costs (BENCHMARKS.md, "Suspend" and "Restart with the standby").
 
     python benchmarks/restart_wait.py --out benchmarks/results/h200-standby-nvrx070.jsonl \\
         [--sizes 2g16,8g64,2g4096] [--strategies flush,restart,suspend,suspend-inline] \\

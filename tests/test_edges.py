@@ -34,7 +34,7 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_DISABLE", "stale_guard,bogus", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "STALE_GUARD", "on: stale_guard", False),
     ("NVRX_IPC_FIX_DISABLE", ",", "off", True),
-    # an empty item is not a fix name, wherever it is: one rule with "," (issue 37)
+    # an empty item is not a fix name, wherever it is: one rule with ","
     ("NVRX_IPC_FIX_DISABLE", "stale_guard,,", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "stale_guard, ", "off", True),
     ("NVRX_IPC_FIX_DISABLE", ",stale_guard", "off", True),

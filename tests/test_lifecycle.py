@@ -238,7 +238,7 @@ def test_nothing_is_imported_under_the_lifecycle_lock(first):
     """The hooks decide and import (the checks, wrapt, the fix modules, the distribution's
     version) before they take ``lifecycle._lock``, and activation registers its hooks after
     it lets go: an import under the lock could wait on another thread's import whose hook
-    waits on the lock, a deadlock Python does not detect (issue 36)."""
+    waits on the lock, a deadlock Python does not detect."""
     under_lock = run_python(f"""
         import json, sys
         from nvrx_ipc_fix.core import lifecycle

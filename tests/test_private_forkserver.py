@@ -1,4 +1,4 @@
-"""The package's forkservers are its own (issue 36): the standby (``worker.standby``) and any
+"""The package's forkservers are its own: the standby (``worker.standby``) and any
 other server of the package is a private ``multiprocessing.forkserver.ForkServer``, never
 multiprocessing's process-wide one, so a child the user's own code starts with
 ``get_context("forkserver")`` (and, where forkserver is the default start method, as on

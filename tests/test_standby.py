@@ -1,8 +1,8 @@
-"""The standby (``worker.standby``, issue 27): ``restart``'s next worker is forked at the onload
+"""The standby (``worker.standby``): ``restart``'s next worker is forked at the onload
 from a process that imported torch and NVRx during the inference phase, instead of a fresh
 interpreter that imports them then. NVRx's own spawn (``starts="spawn"``), as users run it.
-The standby is a forkserver of the package's own: the user's stays the user's (issue 36; the
-same without NVRx, on every Python: ``test_private_forkserver.py``).
+The standby is a forkserver of the package's own: the user's stays the user's (the same
+without NVRx, on every Python: ``test_private_forkserver.py``).
 
 Every save here is loaded back value by value (``stale``); a hang is the scenario's
 watchdog's report."""

@@ -1,4 +1,4 @@
-"""Wrap, never re-implement (issue 36): each wrapper calls NVRx's (or megatron-core's)
+"""Wrap, never re-implement: each wrapper calls NVRx's (or megatron-core's)
 original exactly once, with every argument it was given, and adds only what its fix needs.
 
 Counted on the real code: before activation, a function with the original's name and

@@ -72,7 +72,7 @@ def test_restart_leaves_no_worker_and_the_prewarmed_worker_takes_the_next_save()
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0]
 
 
-# -- suspend (issue 35): the CUDA driver's process checkpoint API on a real worker -----------
+# -- suspend: the CUDA driver's process checkpoint API on a real worker ---------------------
 
 SUSPEND_CYCLE = ["save", "save", "probe", "suspend", "offload", "measure", "onload", "resumed",
                  "probe", "save", "suspend", "prewarm", "resumed", "save"]

@@ -1,6 +1,6 @@
 """A child that the user's own code starts with ``multiprocessing``, and what it saw: the
-package's forkservers must leave the user's (and the default context) as Python has them
-(issue 36). Standard library only.
+package's forkservers must leave the user's (and the default context) as Python has them.
+Standard library only.
 
 The child's target is ``builtins.exec`` of a few lines (pickled by name), so that it imports
 nothing of the package's or a test's: what it has imported came from where it was started.

@@ -1,5 +1,5 @@
 """Forkservers of the package's own: ``multiprocessing.forkserver.ForkServer`` instances
-beside multiprocessing's process-wide one, which stays the user's (issue 36).
+beside multiprocessing's process-wide one, which stays the user's.
 
 multiprocessing keeps one server per process, ``forkserver._forkserver``: the forkserver
 context's ``Process`` starts through ``popen_forkserver.Popen._launch``, which calls the
