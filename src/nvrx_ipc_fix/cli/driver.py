@@ -3,19 +3,19 @@ what ``python -m nvrx_ipc_fix demo`` and ``selftest`` run, each in a fresh inter
 (``runner``), with and without the fix (``NVRX_IPC_FIX_DISABLE=1``).
 
 ``python -m nvrx_ipc_fix.cli.driver --steps save,save,replace,save`` runs one trainer rank
-with ``AsyncCallsQueue(persistent=True)`` and ``FileSystemWriterAsync(use_cached_data_structure=True)``
-in this process; it prints one JSON object. Steps: ``save`` (write new values into every
-tensor in place, save, finalize, load the checkpoint back and count tensors whose values are
-not the ones saved), ``save-async`` (the same, left pending until a later step finalizes it),
-``replace`` (give every tensor new storage, as ``model.to("cpu")`` and back does),
-``offload`` and ``onload`` (those two halves), ``measure`` (device memory used, allocated,
-reserved), ``close`` (close the queue, as ``maybe_finalize_async_save(terminate=True)``
-does), ``flush``, ``terminate``, ``restart`` and ``suspend`` (``nvrx_ipc_fix.release`` with
-that strategy) and ``sleep<seconds>``. Any step written ``<step>@<rank>`` runs on that rank
-only; ``<step>#<name>`` also puts its entry in ``report["named"][name]``. The steps are
-registered in ``STEPS`` and ``PREFIXED`` (``step``); the tests' harness
-(``tests/harness/scenario.py``) registers more, and its trainer injects worker faults.
-``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue``; ``--finalize poll``
+with ``AsyncCallsQueue(persistent=True)`` and
+``FileSystemWriterAsync(use_cached_data_structure=True)`` in this process; it prints one JSON
+object. Steps: ``save`` (write new values into every tensor in place, save, finalize, load the
+checkpoint back and count tensors whose values are not the ones saved), ``save-async`` (the same,
+left pending until a later step finalizes it), ``replace`` (give every tensor new storage, as
+``model.to("cpu")`` and back does), ``offload`` and ``onload`` (those two halves), ``measure``
+(device memory used, allocated, reserved), ``close`` (close the queue, as
+``maybe_finalize_async_save(terminate=True)`` does), ``flush``, ``terminate``, ``restart`` and
+``suspend`` (``nvrx_ipc_fix.release`` with that strategy) and ``sleep<seconds>``. Any step written
+``<step>@<rank>`` runs on that rank only; ``<step>#<name>`` also puts its entry in
+``report["named"][name]``. The steps are registered in ``STEPS`` and ``PREFIXED`` (``step``); the
+tests' harness (``tests/harness/scenario.py``) registers more, and its trainer injects worker
+faults. ``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue``; ``--finalize poll``
 finalizes as a training loop does (``blocking=False`` every 50 ms until nothing is pending);
 ``--no-dist`` passes ``no_dist=True``.
 

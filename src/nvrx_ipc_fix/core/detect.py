@@ -59,13 +59,15 @@ def caller_class():
 
 
 def features() -> dict[str, str]:
-    """Probe the imported NVRx classes; each value is ``yes``, ``no``, a type name or ``not imported``."""
+    """Probe the imported NVRx classes; each value is ``yes``, ``no``, a type name or
+    ``not imported``."""
     found: dict[str, str] = {}
     caller = caller_class()
     if caller is None:
         found["PersistentAsyncCaller._worker_data_cache"] = "not imported"
     else:
-        found["PersistentAsyncCaller._worker_data_cache"] = _yes(hasattr(caller, "_worker_data_cache"))
+        found["PersistentAsyncCaller._worker_data_cache"] = _yes(
+            hasattr(caller, "_worker_data_cache"))
     writer = writer_class()
     names = ("_cached_identifiers", "cleanup_tensor_caches", "_cached_tensor_data_ptrs")
     for name in names:

@@ -142,7 +142,8 @@ def persistent_worker(module):
     if caller_shape(caller).queues is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
     if not hasattr(module, "_ActiveAsyncRequest"):
-        return "unsupported", "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize"
+        return ("unsupported",
+                "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize")
     problem = collective_problem(module)
     if problem is not None:
         return "unsupported", problem

@@ -541,7 +541,8 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     if _workers.dead(process):
         if process.exitcode != 0:
             logger.error("rank %s: the checkpoint worker (pid %s) had died (%s) before it was "
-                         "closed", _monitor.rank(), process.pid, _workers.describe_exit(process.exitcode))
+                         "closed", _monitor.rank(), process.pid,
+                         _workers.describe_exit(process.exitcode))
         _workers.abandon(caller)
         return None
 
@@ -627,7 +628,8 @@ def _completion(caller, save, blocking):
                 item = comp_q.get(timeout=timeout) if timeout else comp_q.get_nowait()
             except Empty:
                 return None
-            if item == _workers.SENTINEL or (save is not None and isinstance(item, int) and item < save):
+            if item == _workers.SENTINEL or (save is not None and isinstance(item, int)
+                                             and item < save):
                 continue  # not this save's
             return item
 

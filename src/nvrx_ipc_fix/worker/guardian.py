@@ -118,8 +118,9 @@ def _tell(pid, start):
         except BrokenPipeError:  # it died since: the next attempt starts another
             if attempt == 2:
                 raise
-        except BlockingIOError:
-            raise RuntimeError(f"the guardian (pid {_process.pid}) does not read its pipe")
+        except BlockingIOError as error:
+            raise RuntimeError(
+                f"the guardian (pid {_process.pid}) does not read its pipe") from error
 
 
 def _running():

@@ -440,7 +440,8 @@ def _unusable(caller, start):
     """``start``'s worker cannot take a save: make sure that was reported."""
     if start.error is None:
         code = _monitor.exitcode(start.process, settle=0.5)
-        _failed(start, f"died after it was ready, before its first save ({_workers.describe_exit(code)})")
+        _failed(start, "died after it was ready, before its first save "
+                       f"({_workers.describe_exit(code)})")
 
 
 def _let_go(queue, caller, start):
