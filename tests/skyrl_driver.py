@@ -320,7 +320,7 @@ def main(argv):
         report["saves"] = run.saves  # the watchdog prints the report as it is
         try:
             actions[step]()
-        except BaseException as exc:  # torch's CheckpointException is a BaseException
+        except BaseException as exc:  # noqa: BLE001 torch's CheckpointException is a BaseException
             if scenario.HUNG.is_set():  # reported; a peer's exit broke the collective
                 threading.Event().wait()  # the watchdog ends the process
             report["errors"].append({"step": index, "type": type(exc).__name__,

@@ -101,7 +101,7 @@ def _child(request):
         code = exc.code if isinstance(exc.code, int) or exc.code is None else 1
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 the child's failure goes to its stderr, as Python's would
         import traceback
 
         traceback.print_exc()
@@ -121,7 +121,7 @@ def _exit(code):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001 a closed stream: the child exits all the same
             pass
     os._exit(code)
 

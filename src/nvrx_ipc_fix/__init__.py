@@ -38,7 +38,7 @@ def ray_worker_setup():
     """
     try:
         _enable("ray-hook", claim=True)
-    except Exception as exc:  # Ray stops a worker whose setup hook raises
+    except Exception as exc:  # noqa: BLE001 Ray stops a worker whose setup hook raises
         from .core.log import warn_once
 
         warn_once("activate", "nvrx_ipc_fix: activation failed, nothing patched: %s", exc)
@@ -58,7 +58,7 @@ def __dir__():  # dir() and help() list the lazy names too, without loading them
 
 try:
     _enable("import")
-except Exception as _exc:  # never break the user's import
+except Exception as _exc:  # noqa: BLE001 never break the user's import
     from .core.log import warn_once
 
     warn_once("activate", "nvrx_ipc_fix: activation failed, nothing patched: %s", _exc)

@@ -80,9 +80,9 @@ def _hook(then):
                         f"nvrx_ipc_fix: not importable in this Ray worker ({sys.executable}, "
                         f"pid {os.getpid()}): NVRx checkpoints saved here run without the fix. "
                         f"Check with `python -m nvrx_ipc_fix doctor --python {sys.executable}`\n")
-            except Exception:
+            except Exception:  # noqa: BLE001 no stderr: the worker goes on
                 pass
-        except Exception:  # a broken install: never stop the worker
+        except Exception:  # noqa: BLE001 a broken install: never stop the worker
             nvrx_ipc_fix = None
         if nvrx_ipc_fix is not None:
             nvrx_ipc_fix.ray_worker_setup()  # catches everything itself

@@ -315,7 +315,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
                         save["stale"] = trainer.stale_tensors(save["path"], save["version"])
                     except (KeyboardInterrupt, SystemExit):
                         raise
-                    except BaseException as exc:  # lost with no error (no metadata, say)
+                    except BaseException as exc:  # noqa: BLE001 lost, no error (no metadata, say)
                         save["stale"] = f"unloadable ({type(exc).__name__}: {exc})"[:300]
                     checked.append(save["path"])
             if checked and world_size > 1:

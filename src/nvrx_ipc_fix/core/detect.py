@@ -42,7 +42,7 @@ def distribution_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-    except Exception:  # a broken dist-info must not break status()
+    except Exception:  # noqa: BLE001 a broken dist-info must not break status()
         return "unknown"
 
 
@@ -128,7 +128,7 @@ def untested(dist: str, version: str | None) -> bool:
         from packaging.version import Version
 
         found, newest = Version(version), Version(TESTED[dist])
-    except Exception:  # InvalidVersion; packaging missing
+    except Exception:  # noqa: BLE001 InvalidVersion; packaging missing
         return True
     width = max(len(found.release), len(newest.release))
 

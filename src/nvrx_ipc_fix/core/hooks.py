@@ -60,7 +60,7 @@ def now_or_when_ready(module, hook):
 def _call(hook, module):
     try:
         hook(module)
-    except Exception as exc:  # the user's import must not fail because of us
+    except Exception as exc:  # noqa: BLE001 the user's import must not fail because of us
         from .log import warn_once
 
         warn_once(("import-hook", module.__name__), "nvrx_ipc_fix: hook for %s failed: %s",

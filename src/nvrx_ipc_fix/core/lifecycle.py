@@ -201,7 +201,7 @@ def _decide(target, module):
             if problem:
                 return "unsupported", problem, ()
         return state, reason, ()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 a probe's failure is the target's state: error
         return "error", f"{type(exc).__name__}: {exc}", ()
 
 
@@ -246,7 +246,7 @@ def _install_decided(decided, module, steps):
                 from .log import logger
 
                 logger.info("patched %s (%s): %s", target.name, target.fix, reason)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's own
                 state, reason = "error", f"{type(exc).__name__}: {exc}"
                 if not target.optional:
                     failed[target.fix] = target

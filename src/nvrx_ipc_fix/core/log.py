@@ -80,13 +80,13 @@ def warn(message, *keys):
 
     try:
         warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
-    except Exception:
+    except Exception:  # noqa: BLE001 -W error: printed instead, never raised
         import sys
 
         try:
             sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
                              f"breaks the program it patches): {message}\n")
-        except Exception:  # no stderr
+        except Exception:  # noqa: BLE001 no stderr
             pass
     return True
 
@@ -213,7 +213,7 @@ def _caller_level():
                 frame = frame.f_back
             level += 1
         return level if frame is not None else entered
-    except Exception:  # no frames (another Python): the caller of the reader
+    except Exception:  # noqa: BLE001 no frames (another Python): the caller of the reader
         return 2
 
 

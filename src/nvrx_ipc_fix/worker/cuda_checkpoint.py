@@ -102,7 +102,7 @@ def bounded(call, timeout, name):
     def run():
         try:
             outcome.append((True, call()))
-        except BaseException as exc:  # carried to the caller
+        except BaseException as exc:  # noqa: BLE001 carried to the caller
             outcome.append((False, exc))
 
     thread = threading.Thread(target=run, name=f"nvrx_ipc_fix-{name}", daemon=True)

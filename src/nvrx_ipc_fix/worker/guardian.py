@@ -60,7 +60,7 @@ def guard(process):
     try:
         with _lock:
             _guard(process)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect: said once
         _failure = f"{type(exc).__name__}: {exc}"
         hook_failed(__name__, exc)
 
@@ -77,7 +77,7 @@ def adopt(queue):
         if _process is not None:
             with _lock:
                 _running()  # one that died is replaced, and told what is still alive
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect: this save unguarded, said once
         hook_failed(__name__, exc)
         return
     for process in processes:

@@ -378,7 +378,7 @@ def _await_ready(caller, start):
                             "" if start.standby is None else ", forked from the standby",
                             start.ready_s, start.pinned_bytes / _cleanup.GIB)
                 return
-    except Exception as exc:  # its queues were closed under it
+    except Exception as exc:  # noqa: BLE001 its queues were closed under it
         if not start.cancelled:
             _failed(start, f"could not be watched ({type(exc).__name__}: {exc})")
 
@@ -484,7 +484,7 @@ def stop_unused():
     for caller, start in unused:
         try:
             _let_go(None, caller, start)
-        except Exception:
+        except Exception:  # noqa: BLE001 at exit or deactivate(): the others still stop
             pass
 
 

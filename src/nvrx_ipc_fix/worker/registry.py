@@ -92,7 +92,7 @@ def at_exit():
         try:
             if process.exitcode is None:
                 queues_of(caller)[0].put("DONE")
-        except Exception:
+        except Exception:  # noqa: BLE001 a dead worker's queue: nothing to tell it
             pass
         forget_process(caller, process)
 
@@ -160,12 +160,12 @@ def abandon(caller):
             try:
                 q.cancel_join_thread()
                 q.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 a dead worker's queue: closed as far as it goes
                 pass
     if _monitor.started_process(process) is not None:
         try:
             process.join(1.0)
-        except Exception:
+        except Exception:  # noqa: BLE001 a dead worker's process: forgotten all the same
             pass
     forget_process(caller, process)
     if _cleanup.cached_key_count():

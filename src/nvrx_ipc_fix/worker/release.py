@@ -201,7 +201,7 @@ def _upstream(call):
         return call(), None
     except STOP:
         raise
-    except BaseException as failure:  # torch's CheckpointException is a BaseException
+    except BaseException as failure:  # noqa: BLE001 torch's CheckpointException is a BaseException
         return None, failure
 
 

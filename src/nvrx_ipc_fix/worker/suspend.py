@@ -214,7 +214,7 @@ def ready(queue=None, caller=None):
                  or (queue is not None and s.queue() is queue)]
     try:
         _resuming(found, wait=True)
-    except Exception as exc:  # the package's own defect: no worker may stay suspended
+    except Exception as exc:  # noqa: BLE001 the package's own defect: no worker may stay suspended
         for s in found:
             if s.thread is None:  # its resume could not start: end it, as a failed resume
                 with _lock:
