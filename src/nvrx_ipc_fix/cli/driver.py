@@ -24,6 +24,8 @@ seconds, or a few seconds after the worker it waits for has died (NVRx would wai
 it reports, kills the worker and exits. Uses CUDA when present, else ``fakecuda``.
 """
 
+from __future__ import annotations
+
 import argparse
 import dataclasses
 import gc
@@ -44,6 +46,11 @@ import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
 
 import torch
 import torch.distributed as dist
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 
 def _kwargs_accepted(fn, **wanted):
@@ -274,7 +281,7 @@ class Trainer:
 
 
 #: Steps callers add (name -> function of the Trainer), e.g. a framework's offload method.
-EXTRA_STEPS = {}
+EXTRA_STEPS: dict[str, Callable[[Trainer], object]] = {}
 
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
@@ -367,7 +374,8 @@ def _add(report, key, entry):
 #: Step name -> (the report's list its entry goes to, or None; function(trainer, report,
 #: index, step) -> the entry or None). ``PREFIXED``: the same for steps named by a prefix and
 #: an argument (``sleep2``; the tests' ``fault-kill``, ``offloading-flush``).
-STEPS, PREFIXED = {}, {}
+STEPS: dict[str, tuple[str | None, Callable[..., Any]]] = {}
+PREFIXED: dict[str, tuple[str | None, Callable[..., Any]]] = {}
 
 
 def step(*names, adds=None, prefix=False):

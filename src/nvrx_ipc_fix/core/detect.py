@@ -141,4 +141,5 @@ def untested(dist: str, version: str | None) -> bool:
 def untested_versions() -> dict[str, str]:
     """Each installed distribution of ``TESTED`` that is newer than tested -> its version."""
     found = {dist: distribution_version(dist) for dist in TESTED}
-    return {dist: version for dist, version in found.items() if untested(dist, version)}
+    return {dist: version for dist, version in found.items()
+            if version is not None and untested(dist, version)}

@@ -17,6 +17,8 @@ by then). A child made by ``os.fork()`` gets a fresh lock; once NVRx's or megatr
 checkpoint module is imported, it also lets go of the parent's workers (``inherited``).
 """
 
+from __future__ import annotations
+
 import importlib
 import sys
 from _thread import RLock
@@ -25,17 +27,25 @@ from . import config as _config, fork as _fork, hooks as _hooks, state as _state
 from .fix_names import FIXES
 from .targets import ALWAYS, TARGETS
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from .patching import Patch
+    from .targets import Target
+
 _lock = RLock()
 _active = False
 _source = None  # how the current activation happened: Status.source
-_requested = []  # every source that asked for activation in this process: Status.requested_by
-_hooked = set()  # modules with a registered hook
+#: every source that asked for activation in this process: Status.requested_by
+_requested: list[str] = []
+_hooked: set[str] = set()  # modules with a registered hook
 #: Target -> (state, reason, held), decided when its module was imported; ``held``: the
 #: targets of its fix whose loss left this one unpatched (all or nothing), else ()
-_verdicts = {}
-_seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
-_patches = {}  # Target -> the patching.Patch of its call, while its step is in
-_calls = {}  # call name -> patching.Patch: every wrapper of ours in place, switched on or off
+_verdicts: dict[Target, tuple[str, str, tuple[Target, ...]]] = {}
+#: distributions (detect.TESTED) one of whose target modules was imported
+_seen_dists: set[str] = set()
+_patches: dict[Target, Patch] = {}  # Target -> the patching.Patch of its call, while its step is in
+#: call name -> patching.Patch: every wrapper of ours in place, switched on or off
+_calls: dict[str, Patch] = {}
 
 
 def _fresh_lock():

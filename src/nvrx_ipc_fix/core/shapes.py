@@ -19,6 +19,8 @@ prewarm and the after-fork code reach what differs.
 Importing this module imports ``detect`` only (activation reads the probes from here).
 """
 
+from __future__ import annotations
+
 import sys
 
 from .detect import CORE, FS, MCORE_FS, NVRX_DIST, distribution_version, release_has_cache
@@ -241,7 +243,7 @@ class Caller:
             self.abort_waits = False
 
 
-_shapes = {}  # caller class -> Caller
+_shapes: dict[type, Caller] = {}  # caller class -> Caller
 
 
 def caller_shape(cls):

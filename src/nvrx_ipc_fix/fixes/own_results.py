@@ -17,6 +17,8 @@ in flight overlap: each of them then fails in its finalize, as NVRx's finalize f
 results (every rank raises), instead of writing another save's metadata.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
 import weakref
@@ -25,13 +27,19 @@ from ..core import fork as _fork, shapes as _shapes, state as _state
 from ..core.detect import FS
 from ..core.log import hook_failed
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 FIX = "own_results"
 PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 RETRIEVE_TARGET = f"{FS}:FileSystemWriterAsync.retrieve_write_results"
 
 _lock = threading.Lock()
-_shared = weakref.WeakSet()  # writers on NVRx's shared queue whose results are not taken yet
-_mixed = weakref.WeakSet()  # of those, the ones whose time in flight overlapped another's
+#: writers on NVRx's shared queue whose results are not taken yet
+_shared: weakref.WeakSet[Any] = weakref.WeakSet()
+#: of those, the ones whose time in flight overlapped another's
+_mixed: weakref.WeakSet[Any] = weakref.WeakSet()
 _fell_back = [False]  # has any save of this process kept NVRx's shared queue?
 
 

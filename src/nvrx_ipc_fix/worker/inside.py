@@ -13,6 +13,8 @@ standby), and writes there only if it is still a directory of its user that no o
 write to, never through a symbolic link.
 """
 
+from __future__ import annotations
+
 import atexit
 import gc
 import importlib
@@ -27,12 +29,17 @@ from ..core import state as _state
 from ..core.detect import CORE, FS
 from ..core.shapes import worker_data_cache
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
 #: What a prewarmed worker imports before it says it is ready: what a save's request makes
 #: it unpickle (NVRx's writer). A stand-in for the device adds its tensor class's module.
 WORKER_IMPORTS = [FS]
 #: Where there is no CUDA, what a stand-in for the device gives for pinned host memory
 #: (``size`` -> a tensor); ``None``: nothing can be pinned ahead.
-pin_without_cuda = None
+pin_without_cuda: Callable[[int], Any] | None = None
 #: What a worker leaves for the trainer: ``traceback`` (its last uncaught exception) and
 #: ``pinned`` (what ``warm_up`` pinned ahead).
 WORKER_FILE = "worker-{pid}.{kind}"

@@ -39,7 +39,7 @@ _lock = threading.Lock()
 _announced = _decided = None  # weak references to the default group announced in, decided
 _why = NOT_CHECKED  # what the last check found, for status()
 counts = {"store_calls": 0, "checks": 0}  # store calls made; checks that waited
-last = {}  # the last check: its store calls and seconds
+last: dict[str, float] = {}  # the last check: its store calls and seconds
 
 
 def _key(rank):

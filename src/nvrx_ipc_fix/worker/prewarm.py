@@ -57,6 +57,10 @@ from . import standby as _standby
 from .inside import WORKER_IMPORTS, directory, take_file, warm_up
 from .suspend import resume
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 
 @dataclass(frozen=True)
 class PrewarmReport:
@@ -102,9 +106,11 @@ class _Start:
 
 _lock = threading.RLock()  # check-and-start, hand-over; never taken by the waiting thread
 _reported = threading.Lock()  # a failure is counted and logged once
-_starts = weakref.WeakKeyDictionary()  # PersistentAsyncCaller -> _Start, until a save takes it
-_scheduling = weakref.WeakSet()  # queues inside schedule_async_request
-_sizes = weakref.WeakKeyDictionary()  # queue -> byte sizes of the CUDA tensors it last sent
+#: PersistentAsyncCaller -> _Start, until a save takes it
+_starts: weakref.WeakKeyDictionary[Any, _Start] = weakref.WeakKeyDictionary()
+_scheduling: weakref.WeakSet[Any] = weakref.WeakSet()  # queues inside schedule_async_request
+#: queue -> byte sizes of the CUDA tensors it last sent
+_sizes: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
 _exit_pid = None  # the process that registered _at_exit (a forked child inherits the handler)
 
 

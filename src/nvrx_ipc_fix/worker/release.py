@@ -21,6 +21,8 @@ pending every rank must call ``release`` in the same order. The request to the w
 itself is rank-local: it does not go through ``AsyncCallsQueue`` bookkeeping.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
 import time
@@ -35,6 +37,10 @@ from ..core.detect import CORE
 from ..core.errors import STOP, add_note, annotate, deliver
 from ..core.log import logger
 from . import prewarm as _prewarm, registry as _workers, standby as _standby, suspend as _suspend
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 STRATEGIES = _config.STRATEGIES
 
@@ -132,10 +138,11 @@ def _arguments(queue, strategy, timeout):
     return strategy, timeout
 
 
-_released_at = weakref.WeakKeyDictionary()  # queue -> its call_idx at the last release
+#: queue -> its call_idx at the last release
+_released_at: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 #: Queues in CPU-shm mode whose writers take the IPC path all the same (a stand-in for the
 #: device keeps its worker off CUDA that way: ``treat_as_ipc``).
-_ipc_anyway = weakref.WeakSet()
+_ipc_anyway: weakref.WeakSet[Any] = weakref.WeakSet()
 _local = threading.local()
 
 
