@@ -30,6 +30,7 @@ from .targets import ALWAYS, TARGETS
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from .patching import Patch
+    from .status import Status
     from .targets import Target
 
 _lock = RLock()
@@ -56,7 +57,7 @@ def _fresh_lock():
 _fork.in_child(_fresh_lock)
 
 
-def activate():
+def activate() -> Status:
     """Patch every target already imported and hook the others. Idempotent.
 
     Returns ``status()``. Does nothing when ``NVRX_IPC_FIX_DISABLE=1``.
@@ -65,7 +66,7 @@ def activate():
     return status()
 
 
-def enable(source, claim=False):
+def enable(source: str, claim: bool = False) -> None:
     """``activate()`` without building a status (the import path stays cheap).
 
     The first source that finds the package off is the activation's ``source``; later ones
@@ -103,7 +104,7 @@ def enable(source, claim=False):
         _hooks.now_or_when_ready(module, _on_import)
 
 
-def deactivate():
+def deactivate() -> Status:
     """Resume suspended workers, put back every original we wrapped and stop prewarmed workers
     no save has used. Idempotent. Returns ``status()``."""
     global _active
@@ -266,7 +267,7 @@ def _install_decided(decided, module, steps):
         _verdicts[target] = (state, reason, held)
 
 
-def status():
+def status() -> Status:
     """A ``Status`` snapshot of this process (``snapshot``). Imports nothing that is not
     imported yet."""
     from .snapshot import build

@@ -40,7 +40,7 @@ os.register_at_fork(after_in_child=_fresh_lock)
 errors: dict[str, str] = {}
 
 
-def warn_once(key, msg, *args):
+def warn_once(key: Hashable, msg: str, *args: object) -> bool:
     """Log ``msg`` at WARNING the first time ``key`` is seen in this process."""
     with _lock:
         if key in _seen:

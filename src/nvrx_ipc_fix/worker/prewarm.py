@@ -125,7 +125,7 @@ def _forget_the_parent():
 _fork.in_child(_forget_the_parent)
 
 
-def prewarm(queue=None) -> PrewarmReport:
+def prewarm(queue: Any = None) -> PrewarmReport:
     """Start the checkpoint worker of ``queue`` (an NVRx ``AsyncCallsQueue``; ``None``: of each
     live one) now, so that its next save finds it ready; a suspended worker is resumed instead
     (in the background: the next save waits for it).

@@ -40,6 +40,7 @@ from . import prewarm as _prewarm, registry as _workers, standby as _standby, su
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 STRATEGIES = _config.STRATEGIES
@@ -85,7 +86,8 @@ def check_strategy(strategy):
     return name
 
 
-def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
+def release(queue: Any = None, *, strategy: str | None = None,
+            timeout: float | None = None) -> ReleaseReport:
     """Free the GPU memory the NVRx worker holds through CUDA IPC (docs/release.md).
 
     ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
@@ -107,7 +109,8 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
 
 
 @contextmanager
-def offloading(queue=None, *, strategy=None, timeout=None):
+def offloading(queue: Any = None, *, strategy: str | None = None,
+               timeout: float | None = None) -> Iterator[ReleaseReport]:
     """``with offloading():`` releases first, for code that moves model or optimizer storage;
     the block's normal exit resumes a suspended worker, or with ``restart`` starts the next
     (``prewarm``). A failed checkpoint that the release finalized is raised when the block has
