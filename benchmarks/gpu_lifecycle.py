@@ -12,21 +12,21 @@ a hang into a reported failure.
 
 Scenarios: ``vanilla`` (no package), ``nemo_rl`` (NeMo RL PR #3322's sequence by hand, no
 package), ``terminate`` / ``flush`` (``nvrx_ipc_fix.release``), ``auto`` (NeMo RL's
-``offload_before_refit``, modelled in tests/doubles, with the package releasing on its own, ``flush``),
-``no_cache`` (``use_cached_data_structure=False``, no package: the reference); ``restart``
-(``release(strategy="restart")``, ``prewarm()`` at the onload; ``restart_nopin``: the same with
-``NVRX_IPC_FIX_PIN=off``, nothing pinned ahead) and ``auto_restart`` (NeMo RL's
+``offload_before_refit``, modelled in tests/doubles, with the package releasing on its own,
+``flush``), ``no_cache`` (``use_cached_data_structure=False``, no package: the reference);
+``restart`` (``release(strategy="restart")``, ``prewarm()`` at the onload; ``restart_nopin``: the
+same with ``NVRX_IPC_FIX_PIN=off``, nothing pinned ahead) and ``auto_restart`` (NeMo RL's
 ``offload_before_refit`` and ``prepare_for_training`` with ``NVRX_IPC_FIX_STRATEGY=restart``),
 both with ``NVRX_IPC_FIX_PREWARM=start``: their ``ready`` steps wait for the prewarmed worker,
 standing in for the training between the job's start (or the onload) and the save, and report
 how long it took to start. The first save of the other scenarios starts the worker itself.
 ``--case LABEL=STEPS`` runs any scenario steps (worker faults, a rank that releases
-alone: ``<step>@<rank>``), finalized as ``--finalize`` and ``--no-dist`` say. ``--overhead N`` times N ordinary saves, 0.5 s apart as a
-training loop's would be, in each of ``OVERHEAD``'s variants (each size, separate
-processes, ``--rounds`` times in turn). ``--ranks N`` runs N ranks (one GPU each) per case, started by this
-script (``--launcher spawn``, a shared file for the rendezvous) or by ``torchrun``.
-Without CUDA it runs on the CPU stand-in (no memory figures). Prints and appends JSON
-lines, one per rank and case.
+alone: ``<step>@<rank>``), finalized as ``--finalize`` and ``--no-dist`` say. ``--overhead N`` times
+N ordinary saves, 0.5 s apart as a training loop's would be, in each of ``OVERHEAD``'s variants
+(each size, separate processes, ``--rounds`` times in turn). ``--ranks N`` runs N ranks (one GPU
+each) per case, started by this script (``--launcher spawn``, a shared file for the rendezvous) or
+by ``torchrun``. Without CUDA it runs on the CPU stand-in (no memory figures). Prints and appends
+JSON lines, one per rank and case.
 """
 
 import argparse
@@ -100,7 +100,8 @@ def child(spec):
         torch.cuda.ipc_collect()
         torch.cuda.empty_cache()
 
-    def nemo_worker(trainer):  # NeMo RL's policy worker (the test double), around the trainer's queue
+    # NeMo RL's policy worker (the test double), around the trainer's queue
+    def nemo_worker(trainer):
         sys.path.insert(0, DOUBLES)
         from nemo_rl.models.policy.workers.megatron_policy_worker import (
             MegatronPolicyWorkerImpl,

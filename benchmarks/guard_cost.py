@@ -59,6 +59,42 @@ def interleaved_ms(bare, guarded, seconds, rounds=10):
             statistics.median(t[1] - t[0] for t in times))
 
 
+def one_case(count, nbytes, seconds, writer_class, cached):
+    """One tensor count's rows; its tensors, plan and writer go when it returns."""
+    from nvrx_ipc_fix.fixes import stale_guard as _stale_guard
+
+    data, device = tensors(count, nbytes)
+    plan, planner = plan_of({f"layer{i}.weight": t for i, t in enumerate(data)})
+    writer = writer_class(tempfile.mkdtemp(), use_cached_data_structure=True)
+    prepare = functools.partial(writer_class.prepare_write_data, writer)
+
+    def bare():
+        return prepare(plan, planner)
+
+    def guarded():
+        return _stale_guard.prepare_write_data_wrapper(prepare, writer, (plan, planner), {})
+
+    guarded()  # the first save: NVRx caches the key, the guard records what was sent
+    assert writer.cached_tensor_data is not None and cached
+    guarded()
+    assert writer.cached_tensor_data is None, "not the reuse path"
+    alone, with_guard, added = interleaved_ms(bare, guarded, seconds)
+    assert writer.cached_tensor_data is None, "the guard saw a move"
+
+    def after_move():
+        data[0].set_(data[0].clone())  # new storage, as an offload and onload gives it
+        guarded()
+        assert writer.cached_tensor_data is not None, "the guard missed a move"
+
+    number = calls_per_round(after_move, seconds)
+    moved = min(timeit.repeat(after_move, number=number, repeat=5)) / number * 1e3
+    rows = (("NVRx alone (best)", alone), ("with stale_guard (best)", with_guard),
+            ("stale_guard adds (median)", added), ("the save after a move (best)", moved))
+    for name, ms in rows:
+        print(f"{count:>6} tensors  {device:<12}  {name:<30} {ms:9.3f} ms")
+    cached.clear()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tensors", default="16,4096")
@@ -67,7 +103,6 @@ def main():
     args = parser.parse_args()
     nbytes = int(args.bytes[:-1]) * UNITS[args.bytes[-1].lower()]
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.fixes import stale_guard as _stale_guard
     from nvrx_ipc_fix.core.detect import FS
 
     nvrx_ipc_fix.deactivate()  # NVRx's own prepare_write_data, whatever activated the package
@@ -75,37 +110,7 @@ def main():
     writer_class = sys.modules[FS].FileSystemWriterAsync
     cached = writer_class._cached_identifiers
     for count in map(int, args.tensors.split(",")):
-        data, device = tensors(count, nbytes)
-        plan, planner = plan_of({f"layer{i}.weight": t for i, t in enumerate(data)})
-        writer = writer_class(tempfile.mkdtemp(), use_cached_data_structure=True)
-        prepare = functools.partial(writer_class.prepare_write_data, writer)
-
-        def bare():
-            return prepare(plan, planner)
-
-        def guarded():
-            return _stale_guard.prepare_write_data_wrapper(prepare, writer, (plan, planner), {})
-
-        guarded()  # the first save: NVRx caches the key, the guard records what was sent
-        assert writer.cached_tensor_data is not None and cached
-        guarded()
-        assert writer.cached_tensor_data is None, "not the reuse path"
-        alone, with_guard, added = interleaved_ms(bare, guarded, args.seconds)
-        assert writer.cached_tensor_data is None, "the guard saw a move"
-
-        def after_move():
-            data[0].set_(data[0].clone())  # new storage, as an offload and onload gives it
-            guarded()
-            assert writer.cached_tensor_data is not None, "the guard missed a move"
-
-        number = calls_per_round(after_move, args.seconds)
-        moved = min(timeit.repeat(after_move, number=number, repeat=5)) / number * 1e3
-        rows = (("NVRx alone (best)", alone), ("with stale_guard (best)", with_guard),
-                ("stale_guard adds (median)", added), ("the save after a move (best)", moved))
-        for name, ms in rows:
-            print(f"{count:>6} tensors  {device:<12}  {name:<30} {ms:9.3f} ms")
-        cached.clear()
-        del data, plan, planner, writer
+        one_case(count, nbytes, args.seconds, writer_class, cached)
     return 0
 
 

@@ -23,7 +23,10 @@ PREWARM = ("flush", "terminate", "restart", "restart_nopin", "auto_restart")
 CLEAN_BASELINE = 1 << 30  # a baseline above this means another process was on the device
 
 
-def load(pattern=os.path.join(HERE, "results", "*.jsonl")):
+RESULTS = os.path.join(HERE, "results", "*.jsonl")
+
+
+def load(pattern=RESULTS):
     rows = []
     for path in sorted(glob.glob(pattern)):
         with open(path) as lines:

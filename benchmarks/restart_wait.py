@@ -19,9 +19,9 @@ pinned. ``suspend``: how long the suspend (lock, checkpoint) and the resume (res
 took, and when the resumed worker was ready after the onload; ``suspend-inline`` waits for
 the resume at the onload instead of running it beside the step. ``--matmuls N``: the
 training step is N bf16 8192x8192 products on the GPU (its time is reported) instead of a
-sleep of ``--step`` seconds. Every checkpoint is loaded back and compared value by value (``stale``); a watchdog
-reports a hang. Prints and appends one JSON line per case. Without CUDA it runs on the CPU
-stand-in (no device figures).
+sleep of ``--step`` seconds. Every checkpoint is loaded back and compared value by value
+(``stale``); a watchdog reports a hang. Prints and appends one JSON line per case. Without CUDA it
+runs on the CPU stand-in (no device figures).
 """
 
 import argparse
@@ -181,7 +181,8 @@ def table(paths):
     rows = ["| case | cycles | ready after onload (median / max) | of it: to the start-up "
             "request / pinning (restart); suspend / resume (suspend) | the onload blocks | "
             "save after onload blocks (median / max) | worker processes during inference / "
-            "their device memory (nvidia-smi, max) | standby on the device | CPU s per cycle (median) | "
+            "their device memory (nvidia-smi, max) | standby on the device | "
+            "CPU s per cycle (median) | "
             "workers started per cycle | stale | hang |", "|" + "---|" * 12]
     for path in paths:
         for line in open(path):
@@ -206,9 +207,11 @@ def table(paths):
                 parts = ([[c.get("checkpoint_s") for c in kept], [c.get("restore_s") for c in kept]]
                          if kept else [[r.get("first_request_s") for r in picked],
                                        [r.get("pin_s") for r in picked]])
+                ready = ([c.get('ready_after_onload_s') for c in kept] if kept
+                         else [r['ready_s'] for r in picked])
                 rows.append(
                     f"| {spec['size']} {name}{note} | {len(index)} | "
-                    f"{spread([c.get('ready_after_onload_s') for c in kept] if kept else [r['ready_s'] for r in picked])} | "
+                    f"{spread(ready)} | "
                     f"{spread(parts[0])}; {spread(parts[1])} | "
                     f"{spread([cycles[i].get('onload_blocked_s') for i in index])} | "
                     f"{spread([after[i] for i in index if i in after])} | "

@@ -42,10 +42,10 @@ def run(how="pth"):
             nvrx_ipc_fix.core.lifecycle.enable(how, claim=fresh)
         finally:
             running = None
-    except Exception as exc:  # a broken or half-removed install must not stop Python
+    except Exception as exc:  # noqa: BLE001 a broken or half-removed install must not stop Python
         error = f"{type(exc).__name__}: {exc}"
         if os.environ.get("NVRX_IPC_FIX_LOG_LEVEL", "").strip().lower() == "debug":
             try:
                 sys.stderr.write(f"nvrx_ipc_fix: start-up activation ({how}) failed: {error}\n")
-            except Exception:
+            except Exception:  # noqa: BLE001 no stderr: start-up goes on
                 pass

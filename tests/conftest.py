@@ -365,8 +365,8 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
     ``no_dist`` choose how saves are finalized, ``starts`` how NVRx starts its workers
     (``scenario.Trainer``; default: ``forkserver``, but ``spawn``, NVRx's own way, with
-    start-up activation, as users deploy it, and on a GPU), ``impl`` whose worker, ``cached`` whether the
-    writer caches. The child is one of the zygote's where it can be (``run_code``). The
+    start-up activation, as users deploy it, and on a GPU), ``impl`` whose worker, ``cached``
+    whether the writer caches. The child is one of the zygote's where it can be (``run_code``). The
     scenario's watchdog
     reports a hang as soon as the worker died, or after ``timeout`` s in one save; this
     process's backstop kills everything later. Returns the report, with ``cache_miss``

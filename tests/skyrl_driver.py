@@ -30,14 +30,15 @@ SkyRL's workers do, except that ``kill-idle@R`` and ``async-kill@R`` kill rank R
 only (the other ranks skip the kill, or save normally). Each rank's tensors are its own
 shard of each global tensor, with its own values. A rank still in a collective a few seconds
 after another rank reported a hang is reported as stranded there (it waits for that rank,
-which never comes: see ``Watchdog``); the ranks leave together once each has reported or ended (files in ``--dir``).
+which never comes: see ``Watchdog``); the ranks leave together once each has reported or ended
+(files in ``--dir``).
 
 On the CPU, NVRx's queue is made with ``cpu_shm_mode=True`` (its worker must not set a
 CUDA device) and the model's tensors are ``fakecuda`` tensors: the documented CUDA stand-in.
 That worker reads the trainer's storage where a GPU's would have copied it to the host
 first, so a save's values may change only once it is finalized: the tests load (which
-finalizes) before the next save. A sync save is written by the trainer itself, where fakecuda has nothing to stand in for:
-it gets the same storage as plain CPU tensors.
+finalizes) before the next save. A sync save is written by the trainer itself, where fakecuda has
+nothing to stand in for: it gets the same storage as plain CPU tensors.
 """
 
 import argparse
@@ -216,8 +217,8 @@ class Watchdog(driver._Watchdog):
     ranks: a rank that has waited in one torch.distributed
     call for ``PEER_GRACE`` s since another rank reported a hang is reported as stranded
     there (the hang names the call, ``waiting_in``). The other rank may have been slow to
-    get to where it waits for ever (a step past ``timeout``), so a stranded rank may be reported at a collective it would have passed. A rank
-    that reported waits
+    get to where it waits for ever (a step past ``timeout``), so a stranded rank may be reported at
+    a collective it would have passed. A rank that reported waits
     (up to ``timeout``) until every rank has reported or ended, then ends its workers and
     leaves. Ranks tell each other by files in the shared directory."""
 
@@ -319,7 +320,7 @@ def main(argv):
         report["saves"] = run.saves  # the watchdog prints the report as it is
         try:
             actions[step]()
-        except BaseException as exc:  # torch's CheckpointException is a BaseException
+        except BaseException as exc:  # noqa: BLE001 torch's CheckpointException is a BaseException
             if scenario.HUNG.is_set():  # reported; a peer's exit broke the collective
                 threading.Event().wait()  # the watchdog ends the process
             report["errors"].append({"step": index, "type": type(exc).__name__,

@@ -30,8 +30,9 @@ STAND_INS = {
     # 3.11 because PyPI has no CPU torch for 3.12)
     "skyrl.backends.backend": ("AbstractBackend",),
     # imports megatron-bridge (megatron_model_wrapper.py:8), which needs megatron-core 0.19
-    # (the megatron env has 0.17.1: tests/doubles/README.md); megatron_strategy.py uses MegatronModelWrapper only in
-    # annotations (the model the tests pass has the `actor_module` list it reads)
+    # (the megatron env has 0.17.1: tests/doubles/README.md); megatron_strategy.py uses
+    # MegatronModelWrapper only in annotations (the model the tests pass has the `actor_module`
+    # list it reads)
     "skyrl.backends.skyrl_train.workers.megatron.megatron_model_wrapper": (
         "MegatronModelWrapper",),
 }

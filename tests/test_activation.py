@@ -448,7 +448,8 @@ def test_install_wheel_keeps_one_version_and_names_the_ones_it_knows(tmp_path):
 
 #: Stands for Python in the demo's venv: records its arguments and the index settings pip sees.
 RECORDING_PYTHON = """#!/bin/sh
-{ echo "ARGS $*"; env | grep -E '^PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS)=' | sort; } >> "$DEMO_LOG"
+{ echo "ARGS $*"; env | grep -E '^PIP_(INDEX_URL|EXTRA_INDEX_URL|FIND_LINKS)=' | sort; } \\
+    >> "$DEMO_LOG"
 """
 
 

@@ -7,7 +7,6 @@ Each copy is the installed ``nvidia_resiliency_ext`` package and its dist-info, 
 child's ``PYTHONPATH``.
 """
 
-import json
 import os
 import shutil
 import sys
@@ -70,7 +69,8 @@ def renamed(tmp_path_factory):
 #: NVRx's finalize collective (``sync_all_async_calls``) in another shape than the one the
 #: watch's failure flag rides on: the maximum over ranks, not the sum.
 SUM = "torch.distributed.all_reduce(ten)\n        return ten[0] == 0"
-MAX = "torch.distributed.all_reduce(ten, op=torch.distributed.ReduceOp.MAX)\n        return ten[0] == 0"
+MAX = ("torch.distributed.all_reduce(ten, op=torch.distributed.ReduceOp.MAX)\n"
+       "        return ten[0] == 0")
 
 
 @pytest.fixture(scope="module")

@@ -180,8 +180,10 @@ BAD_ARGUMENTS = """
                           ("timeout=nan", dict(timeout=math.nan)),
                           ("timeout=-inf", dict(timeout=-math.inf)),
                           ("timeout='5'", dict(timeout="5")), ("timeout=True", dict(timeout=True)),
-                          ("strategy=''", dict(strategy="")), ("strategy='kill'", dict(strategy="kill")),
-                          ("strategy=3", dict(strategy=3)), ("queue=object()", dict(queue=object()))]:
+                          ("strategy=''", dict(strategy="")),
+                          ("strategy='kill'", dict(strategy="kill")),
+                          ("strategy=3", dict(strategy=3)),
+                          ("queue=object()", dict(queue=object()))]:
         try:
             nvrx_ipc_fix.release(**kwargs)
             out[label] = "accepted"

@@ -82,7 +82,8 @@ def test_the_monitor_s_read_of_a_killed_child_gets_sigkill_while_another_thread_
     (``monitor.exitcode``: a join, then the code) beside another thread's non-blocking poll.
     That one may still find the child not reaped (None: Python's answer before the kernel's);
     the monitor's, which waits for the reap, never. Before: 43 of 300 fork rounds and 35 of 200
-    spawn rounds gave the monitor None. A process the package was not given keeps Python's ``poll``."""
+    spawn rounds gave the monitor None. A process the package was not given keeps Python's
+    ``poll``."""
     found = _run(f"""
         import multiprocessing
 

@@ -28,7 +28,8 @@ needs_megatron = pytest.mark.skipif(
 VIA_MEGATRON = """
     import argparse
     import megatron.training.async_utils as _au
-    import megatron.training.training as _training  # `from .async_utils import maybe_finalize_async_save`
+    # `from .async_utils import maybe_finalize_async_save`
+    import megatron.training.training as _training
     from megatron.training.global_vars import set_args
     from harness import scenario as _s
     set_args(argparse.Namespace(async_save=True))

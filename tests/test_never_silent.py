@@ -18,8 +18,8 @@ while writing (``kill``) and an exception in ``async_fn`` (``raise``) on the oth
   finalize that reaches the save.
 
 Each group of paths runs in one trainer per ``no_dist``; NVRx's workers start from a forkserver
-(a cold start is not the subject: conftest.scenario). On today's main the automatic points lose the save with
-no error, ``offloading()`` skips its block and a failed close is left half done."""
+(a cold start is not the subject: conftest.scenario). On today's main the automatic points lose the
+save with no error, ``offloading()`` skips its block and a failed close is left half done."""
 
 import pytest
 

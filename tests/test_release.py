@@ -116,7 +116,8 @@ def test_bad_strategy_and_no_nvrx():
         print(json.dumps({"error": error, "skipped": list(report.skipped),
                           "released": report.queues_released, "freed": report.freed_bytes}))
     """)
-    assert result["error"] == "strategy must be one of flush, terminate, restart, suspend, not 'kill'"
+    assert result["error"] == ("strategy must be one of flush, terminate, restart, suspend, "
+                               "not 'kill'")
     assert result["skipped"] == ["all: NVRx is not imported"]
     assert result["released"] == 0 and result["freed"] == 0
 

@@ -83,7 +83,7 @@ def test_sync_save_after_a_dead_idle_worker_hangs_and_strands_the_other_rank_wit
 
 def test_sync_save_after_a_dead_idle_worker_closes_remakes_and_every_save_loads_on_both_ranks(
         with_the_package):
-    for rank, report in enumerate(with_the_package):
+    for report in with_the_package:
         assert report["hang"] is None, report
         first, sync, after = report["saves"][:3]
         assert (first["stale"], sync["mode"], sync["stale"]) == (0, "sync", 0), report

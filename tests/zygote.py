@@ -9,10 +9,11 @@ fresh module without a file (so a spawned child imports no main module), ``sys.a
 ``["-c", ...]``, ``sys.path[0]`` is ``""``, the environment and working directory are the
 test's, its output goes to the test's files, and it ends as the interpreter's exit does but for
 the module teardown (``_exit``; the exit tests, whose subject that is, start fresh
-interpreters). It leads a new session, so that a test's timeout kills its whole group. The zygote imports neither NVRx
-(0.04 s after torch) nor ``nvrx_ipc_fix`` (it runs with start-up activation off): each child
-imports them in the order its code does, as a fresh interpreter would. The preloaded heap is frozen
-(``gc.freeze``): the children's collections do not walk, and so do not copy, torch's objects.
+interpreters). It leads a new session, so that a test's timeout kills its whole group. The zygote
+imports neither NVRx (0.04 s after torch) nor ``nvrx_ipc_fix`` (it runs with start-up activation
+off): each child imports them in the order its code does, as a fresh interpreter would. The
+preloaded heap is frozen (``gc.freeze``): the children's collections do not walk, and so do not
+copy, torch's objects.
 
 Protocol, one JSON object per line: request ``{"code", "argv", "env", "cwd", "out",
 "err"}`` on stdin (the child's ``sys.argv`` is ``["-c", *argv]``);
@@ -100,7 +101,7 @@ def _child(request):
         code = exc.code if isinstance(exc.code, int) or exc.code is None else 1
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 the child's failure goes to its stderr, as Python's would
         import traceback
 
         traceback.print_exc()
@@ -120,7 +121,7 @@ def _exit(code):
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001 a closed stream: the child exits all the same
             pass
     os._exit(code)
 

@@ -9,16 +9,22 @@ worker without the package it does nothing, and says so on stderr when NVRx is i
 there (checkpoints saved in that worker run without the fix).
 """
 
+from __future__ import annotations
+
 import os
 import re
 from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 #: The string hook: it stops every worker whose environment cannot import this package.
 STRING_HOOK = "nvrx_ipc_fix.ray_worker_setup"
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
-def ray_runtime_env(runtime_env=None):
+def ray_runtime_env(runtime_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``runtime_env`` (a dict; a new one if ``None``) with this package's Ray setup hook and
     this process's ``NVRX_IPC_FIX_*`` variables; returns a new dict::
 
@@ -80,9 +86,9 @@ def _hook(then):
                         f"nvrx_ipc_fix: not importable in this Ray worker ({sys.executable}, "
                         f"pid {os.getpid()}): NVRx checkpoints saved here run without the fix. "
                         f"Check with `python -m nvrx_ipc_fix doctor --python {sys.executable}`\n")
-            except Exception:
+            except Exception:  # noqa: BLE001 no stderr: the worker goes on
                 pass
-        except Exception:  # a broken install: never stop the worker
+        except Exception:  # noqa: BLE001 a broken install: never stop the worker
             nvrx_ipc_fix = None
         if nvrx_ipc_fix is not None:
             nvrx_ipc_fix.ray_worker_setup()  # catches everything itself

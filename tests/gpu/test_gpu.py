@@ -107,7 +107,8 @@ LOCK_WHILE_MAPPED = """
     from nvrx_ipc_fix.worker import suspend as _suspend
     from harness import scenario as _s
 
-    def _unflushed(trainer):  # the worker still maps the trainer's memory: the lock may not come back
+    # the worker still maps the trainer's memory: the lock may not come back
+    def _unflushed(trainer):
         _suspend.LOCK_TIMEOUT = 3.0
         assert _suspend.unavailable() is None
         caller = trainer.queue.persistent_caller

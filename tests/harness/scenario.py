@@ -496,7 +496,7 @@ def _fault(trainer, report, index, step):
                                   for at in trainer.stop_window]
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as exc:  # torch's CheckpointException is a BaseException
+    except BaseException as exc:  # noqa: BLE001 torch's CheckpointException is a BaseException
         _raised(trainer, report, outcome, exc, start)
         if not outcome["lost"]:  # NVRx's own error (a failed write): this save is not saved
             report["saves"][-1]["lost"] = True
@@ -511,7 +511,7 @@ def _finalize_step(trainer, report, index):
         trainer.finalize()
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 the save's failure is the verdict: recorded
         _raised(trainer, report, outcome, exc, start)
     trainer.phase = None
     return outcome
@@ -530,7 +530,7 @@ def _call(trainer, report, index, step):
             _step(trainer, report, index, step)
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 the save's failure is the verdict: recorded
         _raised(trainer, report, outcome, exc, start)
     trainer.phase = None
     outcome.update(moved=trainer.moves - moved, workers_after=len(checkpoint_workers()))
@@ -560,7 +560,7 @@ def _raised(trainer, report, outcome, exc, start):
         trainer.finalize()
     except (KeyboardInterrupt, SystemExit):
         raise
-    except BaseException as again:
+    except BaseException as again:  # noqa: BLE001 the second failure is the verdict: recorded
         outcome["again"] = _describe(again)
 
 

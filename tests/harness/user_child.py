@@ -7,7 +7,6 @@ nothing of the package's or a test's: what it has imported came from where it wa
 It answers through a pipe of its context, which travels as a forkserver's children's
 descriptors do."""
 
-import multiprocessing
 
 #: The modules whose presence in the child is reported.
 WATCHED = ("torch", "nvidia_resiliency_ext", "nvrx_ipc_fix")

@@ -55,7 +55,7 @@ def bundle(directory):
             shutil.rmtree(os.path.join(target, name), ignore_errors=True)
         shutil.copytree(package, os.path.join(target, "nvrx_ipc_fix"), ignore=_SKIP)
         shutil.copy2(startup.origin, target)
-        for name, files in sources:
+        for _name, files in sources:
             for relative, source in files or ():
                 path = os.path.join(target, DEPS_DIR, relative)
                 os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -44,7 +44,7 @@ except Exception:
     nvrx = None
 print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "nvrx": nvrx,
                   "importable": importlib.util.find_spec("nvrx_ipc_fix") is not None}))
-""" % MIN_PYTHON
+""" % MIN_PYTHON  # noqa: UP031 the probe's code has braces of its own
 
 
 def run(out=print, as_json=False):

@@ -3,19 +3,19 @@ what ``python -m nvrx_ipc_fix demo`` and ``selftest`` run, each in a fresh inter
 (``runner``), with and without the fix (``NVRX_IPC_FIX_DISABLE=1``).
 
 ``python -m nvrx_ipc_fix.cli.driver --steps save,save,replace,save`` runs one trainer rank
-with ``AsyncCallsQueue(persistent=True)`` and ``FileSystemWriterAsync(use_cached_data_structure=True)``
-in this process; it prints one JSON object. Steps: ``save`` (write new values into every
-tensor in place, save, finalize, load the checkpoint back and count tensors whose values are
-not the ones saved), ``save-async`` (the same, left pending until a later step finalizes it),
-``replace`` (give every tensor new storage, as ``model.to("cpu")`` and back does),
-``offload`` and ``onload`` (those two halves), ``measure`` (device memory used, allocated,
-reserved), ``close`` (close the queue, as ``maybe_finalize_async_save(terminate=True)``
-does), ``flush``, ``terminate``, ``restart`` and ``suspend`` (``nvrx_ipc_fix.release`` with
-that strategy) and ``sleep<seconds>``. Any step written ``<step>@<rank>`` runs on that rank
-only; ``<step>#<name>`` also puts its entry in ``report["named"][name]``. The steps are
-registered in ``STEPS`` and ``PREFIXED`` (``step``); the tests' harness
-(``tests/harness/scenario.py``) registers more, and its trainer injects worker faults.
-``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue``; ``--finalize poll``
+with ``AsyncCallsQueue(persistent=True)`` and
+``FileSystemWriterAsync(use_cached_data_structure=True)`` in this process; it prints one JSON
+object. Steps: ``save`` (write new values into every tensor in place, save, finalize, load the
+checkpoint back and count tensors whose values are not the ones saved), ``save-async`` (the same,
+left pending until a later step finalizes it), ``replace`` (give every tensor new storage, as
+``model.to("cpu")`` and back does), ``offload`` and ``onload`` (those two halves), ``measure``
+(device memory used, allocated, reserved), ``close`` (close the queue, as
+``maybe_finalize_async_save(terminate=True)`` does), ``flush``, ``terminate``, ``restart`` and
+``suspend`` (``nvrx_ipc_fix.release`` with that strategy) and ``sleep<seconds>``. Any step written
+``<step>@<rank>`` runs on that rank only; ``<step>#<name>`` also puts its entry in
+``report["named"][name]``. The steps are registered in ``STEPS`` and ``PREFIXED`` (``step``); the
+tests' harness (``tests/harness/scenario.py``) registers more, and its trainer injects worker
+faults. ``--impl mcore`` uses megatron-core's own ``AsyncCallsQueue``; ``--finalize poll``
 finalizes as a training loop does (``blocking=False`` every 50 ms until nothing is pending);
 ``--no-dist`` passes ``no_dist=True``.
 
@@ -23,6 +23,8 @@ A watchdog turns a step into a reported hang when it has not finished within ``-
 seconds, or a few seconds after the worker it waits for has died (NVRx would wait for ever):
 it reports, kills the worker and exits. Uses CUDA when present, else ``fakecuda``.
 """
+
+from __future__ import annotations
 
 import argparse
 import dataclasses
@@ -44,6 +46,11 @@ import nvrx_ipc_fix  # activates unless NVRX_IPC_FIX_DISABLE=1
 
 import torch
 import torch.distributed as dist
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 
 def _kwargs_accepted(fn, **wanted):
@@ -274,7 +281,7 @@ class Trainer:
 
 
 #: Steps callers add (name -> function of the Trainer), e.g. a framework's offload method.
-EXTRA_STEPS = {}
+EXTRA_STEPS: dict[str, Callable[[Trainer], object]] = {}
 
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
@@ -315,7 +322,7 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
                         save["stale"] = trainer.stale_tensors(save["path"], save["version"])
                     except (KeyboardInterrupt, SystemExit):
                         raise
-                    except BaseException as exc:  # lost with no error (no metadata, say)
+                    except BaseException as exc:  # noqa: BLE001 lost, no error (no metadata, say)
                         save["stale"] = f"unloadable ({type(exc).__name__}: {exc})"[:300]
                     checked.append(save["path"])
             if checked and world_size > 1:
@@ -367,7 +374,8 @@ def _add(report, key, entry):
 #: Step name -> (the report's list its entry goes to, or None; function(trainer, report,
 #: index, step) -> the entry or None). ``PREFIXED``: the same for steps named by a prefix and
 #: an argument (``sleep2``; the tests' ``fault-kill``, ``offloading-flush``).
-STEPS, PREFIXED = {}, {}
+STEPS: dict[str, tuple[str | None, Callable[..., Any]]] = {}
+PREFIXED: dict[str, tuple[str | None, Callable[..., Any]]] = {}
 
 
 def step(*names, adds=None, prefix=False):

@@ -98,7 +98,7 @@ def _import_nvrx():
         for name in (CORE, FS):
             try:
                 importlib.import_module(name)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 a note, not the end
                 print(f"note: could not import {name}: {type(exc).__name__}: {exc}",
                       file=sys.stderr)
 

@@ -24,7 +24,7 @@ try:
     import _nvrx_ipc_fix_startup
 
     _nvrx_ipc_fix_startup.run("sitecustomize")
-except Exception:
+except Exception:  # noqa: BLE001 a broken install must not stop Python
     pass
 
 

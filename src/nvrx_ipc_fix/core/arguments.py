@@ -1,11 +1,19 @@
 """A wrapped call's arguments by name, bound as the original would bind them (wrappers
 must not guess positions: Megatron's and Bridge's signatures differ)."""
 
+from __future__ import annotations
+
 import inspect
 
 from . import state as _state
 
-_signatures = {}  # (function, bound?) -> signature: never a bound method, which holds its object
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+#: (function, bound?) -> signature: never a bound method, which holds its object
+_signatures: dict[tuple[Callable[..., Any], bool], inspect.Signature] = {}
 
 
 def flags(wrapped, args, kwargs, *names):

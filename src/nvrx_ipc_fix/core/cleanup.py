@@ -17,11 +17,15 @@ from . import fork as _fork, shapes as _shapes, state as _state
 from .detect import writer_class
 from .log import logger
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 GIB = float(1 << 30)
 
 _busy = threading.local()
 #: Called whenever the caches are emptied: whoever keeps records of what was sent drops them.
-on_forget = []
+on_forget: list[Callable[[], object]] = []
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ def device_free_bytes() -> int | None:
         if not torch.cuda.is_initialized():
             return None
         return int(torch.cuda.mem_get_info()[0])
-    except Exception:
+    except Exception:  # noqa: BLE001 no device figure: torch's CUDA query failed
         return None
 
 

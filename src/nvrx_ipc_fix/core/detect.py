@@ -42,7 +42,7 @@ def distribution_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-    except Exception:  # a broken dist-info must not break status()
+    except Exception:  # noqa: BLE001 a broken dist-info must not break status()
         return "unknown"
 
 
@@ -59,13 +59,15 @@ def caller_class():
 
 
 def features() -> dict[str, str]:
-    """Probe the imported NVRx classes; each value is ``yes``, ``no``, a type name or ``not imported``."""
+    """Probe the imported NVRx classes; each value is ``yes``, ``no``, a type name or
+    ``not imported``."""
     found: dict[str, str] = {}
     caller = caller_class()
     if caller is None:
         found["PersistentAsyncCaller._worker_data_cache"] = "not imported"
     else:
-        found["PersistentAsyncCaller._worker_data_cache"] = _yes(hasattr(caller, "_worker_data_cache"))
+        found["PersistentAsyncCaller._worker_data_cache"] = _yes(
+            hasattr(caller, "_worker_data_cache"))
     writer = writer_class()
     names = ("_cached_identifiers", "cleanup_tensor_caches", "_cached_tensor_data_ptrs")
     for name in names:
@@ -126,7 +128,7 @@ def untested(dist: str, version: str | None) -> bool:
         from packaging.version import Version
 
         found, newest = Version(version), Version(TESTED[dist])
-    except Exception:  # InvalidVersion; packaging missing
+    except Exception:  # noqa: BLE001 InvalidVersion; packaging missing
         return True
     width = max(len(found.release), len(newest.release))
 
@@ -139,4 +141,5 @@ def untested(dist: str, version: str | None) -> bool:
 def untested_versions() -> dict[str, str]:
     """Each installed distribution of ``TESTED`` that is newer than tested -> its version."""
     found = {dist: distribution_version(dist) for dist in TESTED}
-    return {dist: version for dist, version in found.items() if untested(dist, version)}
+    return {dist: version for dist, version in found.items()
+            if version is not None and untested(dist, version)}

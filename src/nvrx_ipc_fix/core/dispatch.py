@@ -33,6 +33,10 @@ from functools import partial
 
 from . import fork as _fork, state as _state
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 
 class Rest:
     """The steps after one step of a call, then NVRx's original: what that step calls."""
@@ -107,8 +111,10 @@ class Dispatch:
 # -- the queue's lock ---------------------------------------------------------------------------
 
 _locks_lock = threading.Lock()
-_queue_locks = weakref.WeakKeyDictionary()  # queue -> RLock
-_devices = weakref.WeakKeyDictionary()  # queue -> the CUDA device index its saves run on
+#: queue -> RLock
+_queue_locks: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+#: queue -> the CUDA device index its saves run on
+_devices: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
 def queue_lock(queue):

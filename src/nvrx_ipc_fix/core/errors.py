@@ -5,6 +5,13 @@ what the ranks that run the package raise at their first save where another rank
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any, TypeVar
+
+    _E = TypeVar("_E", bound=RuntimeError)
+
 
 class CheckpointWorkerError(RuntimeError):
     """The NVRx (or megatron-core) persistent checkpoint worker failed during a save.
@@ -20,7 +27,8 @@ class CheckpointWorkerError(RuntimeError):
 
     def __init__(self, message: str, *, rank: int | None = None, save: int | None = None,
                  worker_pid: int | None = None, exitcode: int | None = None,
-                 worker_traceback: str | None = None, failed_ranks: tuple = ()):
+                 worker_traceback: str | None = None,
+                 failed_ranks: Iterable[int] = ()) -> None:
         super().__init__(message)
         self.rank = rank  # the rank that raised
         self.save = save  # NVRx's call_idx of the (first) failed save
@@ -28,10 +36,11 @@ class CheckpointWorkerError(RuntimeError):
         self.exitcode = exitcode  # multiprocessing's: negative for a signal
         self.worker_traceback = worker_traceback
         self.failed_ranks = tuple(failed_ranks)  # every rank whose worker failed, when known
-        self.lost_saves = (save,)  # every save this finalize dropped, not saved
-        self.finalized = ()  # the saves the same finalize finalized
+        #: every save this finalize dropped, not saved
+        self.lost_saves: tuple[int | None, ...] = (save,)
+        self.finalized: tuple[int, ...] = ()  # the saves the same finalize finalized
 
-    def __reduce__(self):  # picklable with its attributes (Ray, multiprocessing)
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable with its attributes (Ray, multiprocessing)
         return (_rebuild, (type(self), str(self), vars(self)))
 
 
@@ -41,15 +50,15 @@ class RanksWithoutPackageError(RuntimeError):
     save reached the checkpoint worker. Nothing was scheduled; activate the package on
     every rank (``python -m nvrx_ipc_fix doctor`` tells how)."""
 
-    def __init__(self, message: str, *, rank: int | None = None, ranks: tuple = (),
-                 world_size: int | None = None, waited_s: float | None = None):
+    def __init__(self, message: str, *, rank: int | None = None, ranks: Iterable[int] = (),
+                 world_size: int | None = None, waited_s: float | None = None) -> None:
         super().__init__(message)
         self.rank = rank  # the rank that raised
         self.ranks = tuple(ranks)  # the ranks that did not say they run the package
         self.world_size = world_size
         self.waited_s = waited_s  # how long this rank waited for them
 
-    def __reduce__(self):  # picklable with its attributes (Ray, multiprocessing)
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable with its attributes (Ray, multiprocessing)
         return (_rebuild, (type(self), str(self), vars(self)))
 
 
@@ -58,7 +67,7 @@ class RanksWithoutPackageError(RuntimeError):
 PersistentAsyncWorkerError = CheckpointWorkerError
 
 
-def _rebuild(cls, message, attributes):
+def _rebuild(cls: type[_E], message: str, attributes: dict[str, Any]) -> _E:
     error = cls.__new__(cls)
     RuntimeError.__init__(error, message)
     error.__dict__.update(attributes)

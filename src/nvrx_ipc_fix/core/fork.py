@@ -9,9 +9,15 @@ the order they were registered. One that raises is a defect of the package: one
 target), and the others still run. Imports only ``os``.
 """
 
+from __future__ import annotations
+
 import os
 
-_callbacks = []  # (callback, target name or None)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+_callbacks: list[tuple[Callable[[], object], str | None]] = []  # (callback, target name or None)
 
 
 def in_child(callback, target=None):
@@ -26,7 +32,7 @@ def _run():
     for callback, target in _callbacks:
         try:
             callback()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 said; the child goes on
             _failed(callback, target, exc)
 
 

@@ -8,12 +8,19 @@ if the module is already imported; a failing hook never breaks the import. As in
 registry is locked and no hook runs under that lock.
 """
 
+from __future__ import annotations
+
 import _thread
 import sys
 
 from . import fork as _fork, state as _state
 
-_hooks = {}  # module name -> [callable(module)]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
+_hooks: dict[str, list[Callable[[ModuleType], object]]] = {}  # module name -> [callable(module)]
 _lock = _thread.allocate_lock()  # _hooks: registered by activation, taken by the importer
 _searching = _thread._local()  # .names: what this thread's finder is looking up (re-entry)
 
@@ -60,7 +67,7 @@ def now_or_when_ready(module, hook):
 def _call(hook, module):
     try:
         hook(module)
-    except Exception as exc:  # the user's import must not fail because of us
+    except Exception as exc:  # noqa: BLE001 the user's import must not fail because of us
         from .log import warn_once
 
         warn_once(("import-hook", module.__name__), "nvrx_ipc_fix: hook for %s failed: %s",

@@ -17,6 +17,8 @@ by then). A child made by ``os.fork()`` gets a fresh lock; once NVRx's or megatr
 checkpoint module is imported, it also lets go of the parent's workers (``inherited``).
 """
 
+from __future__ import annotations
+
 import importlib
 import sys
 from _thread import RLock
@@ -25,17 +27,26 @@ from . import config as _config, fork as _fork, hooks as _hooks, state as _state
 from .fix_names import FIXES
 from .targets import ALWAYS, TARGETS
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from .patching import Patch
+    from .status import Status
+    from .targets import Target
+
 _lock = RLock()
 _active = False
 _source = None  # how the current activation happened: Status.source
-_requested = []  # every source that asked for activation in this process: Status.requested_by
-_hooked = set()  # modules with a registered hook
+#: every source that asked for activation in this process: Status.requested_by
+_requested: list[str] = []
+_hooked: set[str] = set()  # modules with a registered hook
 #: Target -> (state, reason, held), decided when its module was imported; ``held``: the
 #: targets of its fix whose loss left this one unpatched (all or nothing), else ()
-_verdicts = {}
-_seen_dists = set()  # distributions (detect.TESTED) one of whose target modules was imported
-_patches = {}  # Target -> the patching.Patch of its call, while its step is in
-_calls = {}  # call name -> patching.Patch: every wrapper of ours in place, switched on or off
+_verdicts: dict[Target, tuple[str, str, tuple[Target, ...]]] = {}
+#: distributions (detect.TESTED) one of whose target modules was imported
+_seen_dists: set[str] = set()
+_patches: dict[Target, Patch] = {}  # Target -> the patching.Patch of its call, while its step is in
+#: call name -> patching.Patch: every wrapper of ours in place, switched on or off
+_calls: dict[str, Patch] = {}
 
 
 def _fresh_lock():
@@ -46,7 +57,7 @@ def _fresh_lock():
 _fork.in_child(_fresh_lock)
 
 
-def activate():
+def activate() -> Status:
     """Patch every target already imported and hook the others. Idempotent.
 
     Returns ``status()``. Does nothing when ``NVRX_IPC_FIX_DISABLE=1``.
@@ -55,7 +66,7 @@ def activate():
     return status()
 
 
-def enable(source, claim=False):
+def enable(source: str, claim: bool = False) -> None:
     """``activate()`` without building a status (the import path stays cheap).
 
     The first source that finds the package off is the activation's ``source``; later ones
@@ -93,7 +104,7 @@ def enable(source, claim=False):
         _hooks.now_or_when_ready(module, _on_import)
 
 
-def deactivate():
+def deactivate() -> Status:
     """Resume suspended workers, put back every original we wrapped and stop prewarmed workers
     no save has used. Idempotent. Returns ``status()``."""
     global _active
@@ -201,7 +212,7 @@ def _decide(target, module):
             if problem:
                 return "unsupported", problem, ()
         return state, reason, ()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 a probe's failure is the target's state: error
         return "error", f"{type(exc).__name__}: {exc}", ()
 
 
@@ -246,7 +257,7 @@ def _install_decided(decided, module, steps):
                 from .log import logger
 
                 logger.info("patched %s (%s): %s", target.name, target.fix, reason)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's own
                 state, reason = "error", f"{type(exc).__name__}: {exc}"
                 if not target.optional:
                     failed[target.fix] = target
@@ -256,7 +267,7 @@ def _install_decided(decided, module, steps):
         _verdicts[target] = (state, reason, held)
 
 
-def status():
+def status() -> Status:
     """A ``Status`` snapshot of this process (``snapshot``). Imports nothing that is not
     imported yet."""
     from .snapshot import build

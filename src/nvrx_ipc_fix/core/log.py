@@ -7,16 +7,22 @@ Imported only when something is logged or warned, so that activation does not im
 ``logging``. Imports ``state`` alone: every other module may deliver its warnings here.
 """
 
+from __future__ import annotations
+
 import logging
 import os
 import threading
 
 from . import state as _state
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
 logger = logging.getLogger("nvrx_ipc_fix")
 logger.addHandler(logging.NullHandler())
 
-_seen = set()
+_seen: set[Hashable] = set()
 _lock = threading.Lock()
 
 
@@ -31,10 +37,10 @@ os.register_at_fork(after_in_child=_fresh_lock)
 
 #: Target name (or "fix target name", one fix's wrapper) -> one-line reason of the last
 #: failure inside our hook code.
-errors = {}
+errors: dict[str, str] = {}
 
 
-def warn_once(key, msg, *args):
+def warn_once(key: Hashable, msg: str, *args: object) -> bool:
     """Log ``msg`` at WARNING the first time ``key`` is seen in this process."""
     with _lock:
         if key in _seen:
@@ -58,7 +64,8 @@ def hook_failed(target, exc, fix=None):
     warn(message, key)
 
 
-_warned = set()  # keys of the RuntimeWarnings given in this process (settings: (name, raw))
+#: keys of the RuntimeWarnings given in this process (settings: (name, raw))
+_warned: set[Hashable] = set()
 
 
 def warned(key):
@@ -80,19 +87,20 @@ def warn(message, *keys):
 
     try:
         warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
-    except Exception:
+    except Exception:  # noqa: BLE001 -W error: printed instead, never raised
         import sys
 
         try:
             sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
                              f"breaks the program it patches): {message}\n")
-        except Exception:  # no stderr
+        except Exception:  # noqa: BLE001 no stderr
             pass
     return True
 
 
 _handler = None  # the stderr handler of NVRX_IPC_FIX_LOG_LEVEL
-_held = {}  # (name, raw) -> the warning about a setting held back until a target is imported
+#: (name, raw) -> the warning about a setting held back until a target is imported
+_held: dict[Hashable, str] = {}
 _quiet = False  # doctor: no warnings about settings
 
 
@@ -213,7 +221,7 @@ def _caller_level():
                 frame = frame.f_back
             level += 1
         return level if frame is not None else entered
-    except Exception:  # no frames (another Python): the caller of the reader
+    except Exception:  # noqa: BLE001 no frames (another Python): the caller of the reader
         return 2
 
 

@@ -19,6 +19,8 @@ prewarm and the after-fork code reach what differs.
 Importing this module imports ``detect`` only (activation reads the probes from here).
 """
 
+from __future__ import annotations
+
 import sys
 
 from .detect import CORE, FS, MCORE_FS, NVRX_DIST, distribution_version, release_has_cache
@@ -142,7 +144,8 @@ def persistent_worker(module):
     if caller_shape(caller).queues is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
     if not hasattr(module, "_ActiveAsyncRequest"):
-        return "unsupported", "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize"
+        return ("unsupported",
+                "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize")
     problem = collective_problem(module)
     if problem is not None:
         return "unsupported", problem
@@ -240,7 +243,7 @@ class Caller:
             self.abort_waits = False
 
 
-_shapes = {}  # caller class -> Caller
+_shapes: dict[type, Caller] = {}  # caller class -> Caller
 
 
 def caller_shape(cls):
@@ -279,7 +282,7 @@ def detach_worker(caller, process):
             setattr(cls, name, None)
     try:
         caller.process = None
-    except Exception:
+    except Exception:  # noqa: BLE001 NVRx's attribute not settable: the registry forgets it anyway
         pass
 
 

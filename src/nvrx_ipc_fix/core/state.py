@@ -6,9 +6,17 @@ interpreter). It also holds what modules below the installer ask of it (``instal
 what the rooms above ``core`` register with it: what ``deactivate()`` runs
 (``on_deactivate``) and what ``status()`` reports of them (``on_status``). Imports nothing."""
 
-_resets = []
-deactivations = []  # run by lifecycle.deactivate, in this order
-reports = {}  # Status field -> the function that gives its value, once its module is imported
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+_resets: list[Callable[[], object]] = []
+deactivations: list[Callable[[], object]] = []  # run by lifecycle.deactivate, in this order
+#: Status field -> the function that gives its value, once its module is imported
+reports: dict[str, Callable[[], Any]] = {}
 
 
 def installed(fix, attr):

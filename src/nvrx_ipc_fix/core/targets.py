@@ -3,10 +3,10 @@ tests and ``docs/architecture.md`` all read.
 
 ``CALLS`` names each NVRx (or megatron-core, Megatron, Bridge, NeMo RL, slime) function the
 fixes need, the region its one wrapper holds around them (``core.dispatch``: a queue's lock;
-a save planned to send only a cache key until its schedule), and the order of the fixes' steps inside it, outermost first: the
-protocol of that call, written once. ``TARGETS`` gives each fix's step in a call: the step
-(``module:function`` in this package, wrapt's signature, imported only when it is
-installed), the leading parameters the original must have, and a probe that decides, once the
+a save planned to send only a cache key until its schedule), and the order of the fixes' steps
+inside it, outermost first: the protocol of that call, written once. ``TARGETS`` gives each fix's
+step in a call: the step (``module:function`` in this package, wrapt's signature, imported only when
+it is installed), the leading parameters the original must have, and a probe that decides, once the
 module is imported, whether the fix applies (``shapes``: what NVRx's and megatron-core's
 code has). Only standard-library names are imported here.
 

@@ -17,6 +17,8 @@ in flight overlap: each of them then fails in its finalize, as NVRx's finalize f
 results (every rank raises), instead of writing another save's metadata.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
 import weakref
@@ -25,13 +27,19 @@ from ..core import fork as _fork, shapes as _shapes, state as _state
 from ..core.detect import FS
 from ..core.log import hook_failed
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 FIX = "own_results"
 PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 RETRIEVE_TARGET = f"{FS}:FileSystemWriterAsync.retrieve_write_results"
 
 _lock = threading.Lock()
-_shared = weakref.WeakSet()  # writers on NVRx's shared queue whose results are not taken yet
-_mixed = weakref.WeakSet()  # of those, the ones whose time in flight overlapped another's
+#: writers on NVRx's shared queue whose results are not taken yet
+_shared: weakref.WeakSet[Any] = weakref.WeakSet()
+#: of those, the ones whose time in flight overlapped another's
+_mixed: weakref.WeakSet[Any] = weakref.WeakSet()
 _fell_back = [False]  # has any save of this process kept NVRx's shared queue?
 
 
@@ -40,7 +48,7 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
         _shapes.own_results_queue(instance)
-    except Exception as exc:  # NVRx's shared queue stays: note the save
+    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's shared queue stays
         hook_failed(PREPARE_TARGET, exc, fix=FIX)
         _share(instance)
     return result
@@ -55,7 +63,7 @@ def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
             mixed = instance in _mixed
             _shared.discard(instance)
             _mixed.discard(instance)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(RETRIEVE_TARGET, exc, fix=FIX)
         mixed = _fell_back[0]  # unknown: only a save that had its own queue is sure
     if not mixed:
@@ -77,7 +85,7 @@ def _share(writer):
             _shared.add(writer)
             if len(_shared) > 1:
                 _mixed.update(_shared)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(PREPARE_TARGET, exc, fix=FIX)
 
 

@@ -29,7 +29,7 @@ def init_wrapper(wrapped, queue, args, kwargs):
                       _prewarming.start_for([queue], core, time.perf_counter(), slot=True))
             if not report.started:
                 logger.info("%s=start: %s", _config.PREWARM, report.summary())
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx starts its worker
         hook_failed(INIT_TARGET, exc, fix="prewarm")
 
 
@@ -43,7 +43,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
             if _config.pin_ahead():
                 _prewarming.record_sizes(queue, args[0] if args else kwargs.get("async_request"))
             _prewarming.take_over(queue)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 the package's defect: NVRx starts its worker
             hook_failed(SCHEDULE_TARGET, exc, fix="prewarm")
         except BaseException:
             # Interrupted while it waited: this save's request, built for a worker that would

@@ -63,7 +63,7 @@ def finalize_wrapper(wrapped, instance, args, kwargs):
         blocking, terminate = flags(wrapped, args, kwargs, "blocking", "terminate")
         if blocking and not terminate and _config.release_policy() == "finalize":
             failure = release_if_needed(_config.strategy())
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(f"{wrapped.__module__}:{wrapped.__qualname__}", exc)
     if failure is not None:
         raise failure
@@ -78,7 +78,7 @@ def _before(wrapped, instance, reload=False):
         if _config.release_policy() != "never" and not _releases_itself(wrapped, instance):
             onloads = _config.auto_strategy() in ("restart", "suspend")
             return release_if_needed("flush" if reload and onloads else None)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
     return None
 
@@ -90,7 +90,7 @@ def _after(wrapped, instance):
             from ..worker.release import onload
 
             onload(_config.auto_strategy())
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
 
 

@@ -50,7 +50,7 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         plan, planner = _plan_and_planner(*args, **kwargs)
         guarded = _shapes.caches_ipc(instance)
         byte_io = _shapes.byte_io(sys.modules[FS])
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
         guarded = False
     if not guarded:
@@ -64,12 +64,12 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     try:
         if _reused_but_moved(instance, plan, planner, resolved):
             _send(instance, plan, planner, resolved)
-    except Exception as exc:  # unknown whether it moved: send, never a stale save
+    except Exception as exc:  # noqa: BLE001 unknown whether it moved: send, never a stale save
         hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
         _send_if_reused(instance, plan, planner, resolved)
     try:
         _record_sent(instance, plan)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
     return result
 
@@ -98,7 +98,7 @@ def _record_resolved(planner, byte_io, out):
 
     try:
         planner.resolve_data = resolve_data
-    except Exception:
+    except Exception:  # noqa: BLE001 a planner that takes no attribute: NVRx's resolve_data
         return lambda: None
 
     def restore():
@@ -152,7 +152,7 @@ def _send_if_reused(instance, plan, planner, resolved) -> None:
     try:
         if _shapes.reused(instance):
             _send(instance, plan, planner, resolved)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect: send, never a stale save
         hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
         forget_keys()
 

@@ -100,14 +100,14 @@ def _schedule(wrapped, queue, args, kwargs):
         sent_args, sent_kwargs = (((sent, *args[1:]), kwargs) if args else
                                   ((), {**kwargs, "async_request": sent}))
         dead = _workers.dead(process)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(target, exc)
         return wrapped(*args, **kwargs)
     if dead:  # died while idle: sending would only pile up
         try:
             return _died_before(queue, entry(save, caller, request), process,
                                 "before the save, while idle")
-        except Exception as exc:  # the count is changed last: NVRx sends, watched below
+        except Exception as exc:  # noqa: BLE001 the count changes last: NVRx sends, watched below
             hook_failed(target, exc)
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
@@ -139,7 +139,7 @@ def _schedule(wrapped, queue, args, kwargs):
             _workers.state(caller).outstanding.append(save)
         else:
             _never_sent(queue, entry(save, caller, request), unsent)
-    except Exception as exc:  # the finalize still meets a dead worker (done_wrapper)
+    except Exception as exc:  # noqa: BLE001 the finalize still meets a dead worker (done_wrapper)
         hook_failed(target, exc)
     if unsent is not None:  # the checkpoint's failure, not the package's: raised at once
         raise unsent
@@ -176,7 +176,7 @@ def caller_init_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finali
     if not _finalizing():
         try:
             _unsent.watch(caller)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
             hook_failed(_target(wrapped), exc)
     return result
 
@@ -260,7 +260,7 @@ def _finalize(wrapped, queue, args, kwargs):
     try:
         blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
         _workers.finalized_with(queue, no_dist)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(_target(wrapped), exc)
         blocking = False
     calls, finalized, failures = queue.async_calls, [], []
@@ -353,7 +353,7 @@ def terminate_wrapper(wrapped, instance, args, kwargs):
     saves behind, the close) still runs, then the failure is raised."""
     try:
         terminate, = flags(wrapped, args, kwargs, "terminate")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(_target(wrapped), exc)
         terminate = False
     if not terminate:
@@ -541,7 +541,8 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     if _workers.dead(process):
         if process.exitcode != 0:
             logger.error("rank %s: the checkpoint worker (pid %s) had died (%s) before it was "
-                         "closed", _monitor.rank(), process.pid, _workers.describe_exit(process.exitcode))
+                         "closed", _monitor.rank(), process.pid,
+                         _workers.describe_exit(process.exitcode))
         _workers.abandon(caller)
         return None
 
@@ -551,14 +552,14 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     try:
         if _shapes.abort_waits(caller) and flags(wrapped, args, kwargs, "abort")[0]:
             _wake(caller)
-    except Exception as exc:  # the package's own defect: NVRx's abort runs as without it
+    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's abort runs as without it
         hook_failed(_target(wrapped), exc)
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
     if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
         try:
             _workers.abandon(caller)
-        except Exception as exc:  # the package's own defect: the close itself is done
+        except Exception as exc:  # noqa: BLE001 the package's defect: the close itself is done
             hook_failed(_target(wrapped), exc)
     return result
 
@@ -627,7 +628,8 @@ def _completion(caller, save, blocking):
                 item = comp_q.get(timeout=timeout) if timeout else comp_q.get_nowait()
             except Empty:
                 return None
-            if item == _workers.SENTINEL or (save is not None and isinstance(item, int) and item < save):
+            if item == _workers.SENTINEL or (save is not None and isinstance(item, int)
+                                             and item < save):
                 continue  # not this save's
             return item
 

@@ -102,7 +102,7 @@ def bounded(call, timeout, name):
     def run():
         try:
             outcome.append((True, call()))
-        except BaseException as exc:  # carried to the caller
+        except BaseException as exc:  # noqa: BLE001 carried to the caller
             outcome.append((False, exc))
 
     thread = threading.Thread(target=run, name=f"nvrx_ipc_fix-{name}", daemon=True)
@@ -131,7 +131,8 @@ def load(in_use=True):
         return None, f"the CUDA driver library could not be opened ({exc})"
     missing = [name for name in SYMBOLS if not hasattr(lib, name)]
     if missing:
-        return None, f"this CUDA driver has no process checkpoint API ({', '.join(missing)} missing)"
+        return None, (f"this CUDA driver has no process checkpoint API "
+                      f"({', '.join(missing)} missing)")
     api = {name: getattr(lib, name) for name in (*SYMBOLS, "cuDriverGetVersion", "cuInit")}
     for name in SYMBOLS:
         api[name].argtypes = [ctypes.c_int, ctypes.c_void_p]

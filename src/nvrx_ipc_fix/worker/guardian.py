@@ -21,6 +21,8 @@ trainer's death); it starts its own if it starts workers. ``status().guardian`` 
 runs and why not.
 """
 
+from __future__ import annotations
+
 import os
 import subprocess
 import threading
@@ -29,6 +31,10 @@ import weakref
 from ..core import fork as _fork, shapes as _shapes, state as _state
 from ..core.log import hook_failed, logger
 from ..core.status import GUARDIAN_NOT_STARTED
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guardian_process.py")
 
@@ -44,12 +50,14 @@ class _Guardian(subprocess.Popen):
 _lock = threading.Lock()
 _process = None  # the _Guardian running for this process
 _pipe = None  # the write end of its stdin (a descriptor)
-_guarded = {}  # pid -> start time, of what the guardian was told
-_seen = weakref.WeakSet()  # the process objects guarded (their pid is not read again)
+_guarded: dict[int, float | None] = {}  # pid -> start time, of what the guardian was told
+#: the process objects guarded (their pid is not read again)
+_seen: weakref.WeakSet[Any] = weakref.WeakSet()
 _started = 0  # guardians started by this process
 _failure = None  # the last defect, for status()
 _adopted = ()  # the processes the last adopt guarded
-_inherited = []  # a forked child's copy of its parent's guardian: never waited for
+#: a forked child's copy of its parent's guardian: never waited for
+_inherited: list[subprocess.Popen[bytes]] = []
 
 
 def guard(process):
@@ -60,7 +68,7 @@ def guard(process):
     try:
         with _lock:
             _guard(process)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect: said once
         _failure = f"{type(exc).__name__}: {exc}"
         hook_failed(__name__, exc)
 
@@ -77,7 +85,7 @@ def adopt(queue):
         if _process is not None:
             with _lock:
                 _running()  # one that died is replaced, and told what is still alive
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect: this save unguarded, said once
         hook_failed(__name__, exc)
         return
     for process in processes:
@@ -118,8 +126,9 @@ def _tell(pid, start):
         except BrokenPipeError:  # it died since: the next attempt starts another
             if attempt == 2:
                 raise
-        except BlockingIOError:
-            raise RuntimeError(f"the guardian (pid {_process.pid}) does not read its pipe")
+        except BlockingIOError as error:
+            raise RuntimeError(
+                f"the guardian (pid {_process.pid}) does not read its pipe") from error
 
 
 def _running():

@@ -26,12 +26,14 @@ the child's (multiprocessing empties the set in the children it starts itself): 
 does not change what Python does to them.
 """
 
+from __future__ import annotations
+
 import sys
 
 from ..core import fork, shapes as _shapes, state as _state
 from ..core.detect import CORE, FS, MCORE_ASYNC
 
-_kept = []  # what the child dropped, kept from the garbage collector until it exits
+_kept: list[object] = []  # what the child dropped, kept from the garbage collector until it exits
 
 
 def let_go():

@@ -13,6 +13,8 @@ standby), and writes there only if it is still a directory of its user that no o
 write to, never through a symbolic link.
 """
 
+from __future__ import annotations
+
 import atexit
 import gc
 import importlib
@@ -27,12 +29,17 @@ from ..core import state as _state
 from ..core.detect import CORE, FS
 from ..core.shapes import worker_data_cache
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
 #: What a prewarmed worker imports before it says it is ready: what a save's request makes
 #: it unpickle (NVRx's writer). A stand-in for the device adds its tensor class's module.
 WORKER_IMPORTS = [FS]
 #: Where there is no CUDA, what a stand-in for the device gives for pinned host memory
 #: (``size`` -> a tensor); ``None``: nothing can be pinned ahead.
-pin_without_cuda = None
+pin_without_cuda: Callable[[int], Any] | None = None
 #: What a worker leaves for the trainer: ``traceback`` (its last uncaught exception) and
 #: ``pinned`` (what ``warm_up`` pinned ahead).
 WORKER_FILE = "worker-{pid}.{kind}"
@@ -111,7 +118,7 @@ def _leave(kind, text):
         with open(out, "w", encoding="utf-8") as file:
             file.write(text)
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 never raises in the worker: False, nothing written
         return False
     finally:
         os.close(folder)
@@ -161,7 +168,7 @@ def warm_up(modules, sizes=(), standby=None, path=None):
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:
+        except Exception:  # noqa: BLE001 imported when needed
             pass
     if sizes:
         began = time.perf_counter()
@@ -206,7 +213,7 @@ def pin_host(sizes):
         for size in sizes:
             blocks.append(allocate(int(size)))
         return sum(b.numel() for b in blocks), None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 reported with what was pinned
         return sum(b.numel() for b in blocks), f"{type(exc).__name__}: {exc}"[:500]
     finally:
         del blocks  # into the cache: pinned, and free for the save

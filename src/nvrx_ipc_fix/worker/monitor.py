@@ -53,7 +53,7 @@ def dist_rank():
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_rank()
-    except Exception:
+    except Exception:  # noqa: BLE001 torch.distributed cannot say: no rank
         pass
     return None
 
@@ -78,7 +78,7 @@ def exitcode(process, settle=1.0):
     try:
         process.join(settle)
         return process.exitcode
-    except Exception:
+    except Exception:  # noqa: BLE001 no exit code to read: unknown
         return None
 
 
@@ -122,7 +122,7 @@ class _Monitor:
         while True:
             try:
                 self._look()
-            except BaseException as exc:  # nothing must end this thread
+            except BaseException as exc:  # noqa: BLE001 nothing must end this thread
                 self._failed(exc)
                 time.sleep(0.05)
 
@@ -154,7 +154,7 @@ class _Monitor:
             from ..core.log import hook_failed
 
             hook_failed("nvrx_ipc_fix.worker.monitor", exc)
-        except BaseException:  # the report itself raised (-W error): the watch goes on
+        except BaseException:  # noqa: BLE001 the report itself raised (-W error): the watch goes on
             pass
 
     def _died(self, wait, process):
@@ -169,7 +169,7 @@ class _Monitor:
             if wait.unblock is not None:
                 try:
                     wait.unblock()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 the death is reported all the same
                     logger.error("rank %s: could not end %s after the worker died: %s",
                                  rank(), wait.where, exc)
 

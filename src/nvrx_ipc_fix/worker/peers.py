@@ -39,7 +39,7 @@ _lock = threading.Lock()
 _announced = _decided = None  # weak references to the default group announced in, decided
 _why = NOT_CHECKED  # what the last check found, for status()
 counts = {"store_calls": 0, "checks": 0}  # store calls made; checks that waited
-last = {}  # the last check: its store calls and seconds
+last: dict[str, float] = {}  # the last check: its store calls and seconds
 
 
 def _key(rank):
@@ -79,7 +79,7 @@ def announce(watched):
         group = _group()
         if group is not None and not _is(_announced, group) and group.size() > 1 and watched():
             _announce(group)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 no store: said once, NVRx's own
         _cannot_tell(exc)
 
 
@@ -108,7 +108,7 @@ def check():
         _check(group)
     except RanksWithoutPackageError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 no store: said once, NVRx's own
         _cannot_tell(exc)
 
 
@@ -146,7 +146,7 @@ def _wait(store, rank, world, bound):
         try:
             _call(store, "wait", [ALL], timedelta(seconds=max(min(SLICE, left), 0.001)))
             return ()
-        except Exception:  # its timeout, else check() below raises what is wrong
+        except Exception:  # noqa: BLE001 its timeout, else check() below raises what is wrong
             if _call(store, "check", [ALL]):
                 return ()
         if time.monotonic() >= deadline:
@@ -197,7 +197,7 @@ def _cannot_tell(exc):
     try:
         group = _group()
         _decided = None if group is None else weakref.ref(group)
-    except Exception:
+    except Exception:  # noqa: BLE001 no group to note: the failure is said below
         pass
     hook_failed(TARGET, exc)
 

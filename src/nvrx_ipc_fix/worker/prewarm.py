@@ -57,6 +57,10 @@ from . import standby as _standby
 from .inside import WORKER_IMPORTS, directory, take_file, warm_up
 from .suspend import resume
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 
 @dataclass(frozen=True)
 class PrewarmReport:
@@ -102,9 +106,11 @@ class _Start:
 
 _lock = threading.RLock()  # check-and-start, hand-over; never taken by the waiting thread
 _reported = threading.Lock()  # a failure is counted and logged once
-_starts = weakref.WeakKeyDictionary()  # PersistentAsyncCaller -> _Start, until a save takes it
-_scheduling = weakref.WeakSet()  # queues inside schedule_async_request
-_sizes = weakref.WeakKeyDictionary()  # queue -> byte sizes of the CUDA tensors it last sent
+#: PersistentAsyncCaller -> _Start, until a save takes it
+_starts: weakref.WeakKeyDictionary[Any, _Start] = weakref.WeakKeyDictionary()
+_scheduling: weakref.WeakSet[Any] = weakref.WeakSet()  # queues inside schedule_async_request
+#: queue -> byte sizes of the CUDA tensors it last sent
+_sizes: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
 _exit_pid = None  # the process that registered _at_exit (a forked child inherits the handler)
 
 
@@ -119,7 +125,7 @@ def _forget_the_parent():
 _fork.in_child(_forget_the_parent)
 
 
-def prewarm(queue=None) -> PrewarmReport:
+def prewarm(queue: Any = None) -> PrewarmReport:
     """Start the checkpoint worker of ``queue`` (an NVRx ``AsyncCallsQueue``; ``None``: of each
     live one) now, so that its next save finds it ready; a suspended worker is resumed instead
     (in the background: the next save waits for it).
@@ -378,7 +384,7 @@ def _await_ready(caller, start):
                             "" if start.standby is None else ", forked from the standby",
                             start.ready_s, start.pinned_bytes / _cleanup.GIB)
                 return
-    except Exception as exc:  # its queues were closed under it
+    except Exception as exc:  # noqa: BLE001 its queues were closed under it
         if not start.cancelled:
             _failed(start, f"could not be watched ({type(exc).__name__}: {exc})")
 
@@ -440,7 +446,8 @@ def _unusable(caller, start):
     """``start``'s worker cannot take a save: make sure that was reported."""
     if start.error is None:
         code = _monitor.exitcode(start.process, settle=0.5)
-        _failed(start, f"died after it was ready, before its first save ({_workers.describe_exit(code)})")
+        _failed(start, "died after it was ready, before its first save "
+                       f"({_workers.describe_exit(code)})")
 
 
 def _let_go(queue, caller, start):
@@ -483,7 +490,7 @@ def stop_unused():
     for caller, start in unused:
         try:
             _let_go(None, caller, start)
-        except Exception:
+        except Exception:  # noqa: BLE001 at exit or deactivate(): the others still stop
             pass
 
 

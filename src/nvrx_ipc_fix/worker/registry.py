@@ -19,6 +19,10 @@ from ..core import cleanup as _cleanup, fork as _fork, shapes as _shapes, state 
 from ..core.detect import CORE
 from . import exit_status as _exit_status, inherited, monitor as _monitor
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 #: ``call_idx`` of ``release()``'s own requests (NVRx's count up from 0).
 SENTINEL = -7331
 
@@ -41,14 +45,16 @@ class Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback
     the caller, and with it the dead worker's queues and semaphores, for ever)."""
 
 
-_callers = weakref.WeakKeyDictionary()  # caller -> _CallerState; also the callers at_exit stops
+#: caller -> _CallerState; also the callers at_exit stops
+_callers: weakref.WeakKeyDictionary[Any, _CallerState] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()  # _callers: written by the trainer, the resume and prewarm threads
 #: Callers whose worker was let go. megatron-core keeps its worker and queues on the class:
 #: no other caller may reach them through the class (a closed caller's ``__del__`` closes
 #: "its" worker whenever the garbage collector runs).
-_abandoned = weakref.WeakSet()
+_abandoned: weakref.WeakSet[Any] = weakref.WeakSet()
 _exit_pid = None  # the process that registered at_exit (a forked child must not run it)
-_no_dist = weakref.WeakKeyDictionary()  # queue -> no_dist of its last finalize call
+#: queue -> no_dist of its last finalize call
+_no_dist: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _forget_the_parent():
@@ -92,7 +98,7 @@ def at_exit():
         try:
             if process.exitcode is None:
                 queues_of(caller)[0].put("DONE")
-        except Exception:
+        except Exception:  # noqa: BLE001 a dead worker's queue: nothing to tell it
             pass
         forget_process(caller, process)
 
@@ -160,12 +166,12 @@ def abandon(caller):
             try:
                 q.cancel_join_thread()
                 q.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 a dead worker's queue: closed as far as it goes
                 pass
     if _monitor.started_process(process) is not None:
         try:
             process.join(1.0)
-        except Exception:
+        except Exception:  # noqa: BLE001 a dead worker's process: forgotten all the same
             pass
     forget_process(caller, process)
     if _cleanup.cached_key_count():

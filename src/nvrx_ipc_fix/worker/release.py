@@ -21,6 +21,8 @@ pending every rank must call ``release`` in the same order. The request to the w
 itself is rank-local: it does not go through ``AsyncCallsQueue`` bookkeeping.
 """
 
+from __future__ import annotations
+
 import sys
 import threading
 import time
@@ -35,6 +37,11 @@ from ..core.detect import CORE
 from ..core.errors import STOP, add_note, annotate, deliver
 from ..core.log import logger
 from . import prewarm as _prewarm, registry as _workers, standby as _standby, suspend as _suspend
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
 
 STRATEGIES = _config.STRATEGIES
 
@@ -79,7 +86,8 @@ def check_strategy(strategy):
     return name
 
 
-def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
+def release(queue: Any = None, *, strategy: str | None = None,
+            timeout: float | None = None) -> ReleaseReport:
     """Free the GPU memory the NVRx worker holds through CUDA IPC (docs/release.md).
 
     ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
@@ -101,7 +109,8 @@ def release(queue=None, *, strategy=None, timeout=None) -> ReleaseReport:
 
 
 @contextmanager
-def offloading(queue=None, *, strategy=None, timeout=None):
+def offloading(queue: Any = None, *, strategy: str | None = None,
+               timeout: float | None = None) -> Iterator[ReleaseReport]:
     """``with offloading():`` releases first, for code that moves model or optimizer storage;
     the block's normal exit resumes a suspended worker, or with ``restart`` starts the next
     (``prewarm``). A failed checkpoint that the release finalized is raised when the block has
@@ -132,10 +141,11 @@ def _arguments(queue, strategy, timeout):
     return strategy, timeout
 
 
-_released_at = weakref.WeakKeyDictionary()  # queue -> its call_idx at the last release
+#: queue -> its call_idx at the last release
+_released_at: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 #: Queues in CPU-shm mode whose writers take the IPC path all the same (a stand-in for the
 #: device keeps its worker off CUDA that way: ``treat_as_ipc``).
-_ipc_anyway = weakref.WeakSet()
+_ipc_anyway: weakref.WeakSet[Any] = weakref.WeakSet()
 _local = threading.local()
 
 
@@ -201,7 +211,7 @@ def _upstream(call):
         return call(), None
     except STOP:
         raise
-    except BaseException as failure:  # torch's CheckpointException is a BaseException
+    except BaseException as failure:  # noqa: BLE001 torch's CheckpointException is a BaseException
         return None, failure
 
 

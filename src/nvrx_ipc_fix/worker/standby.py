@@ -84,7 +84,7 @@ def start():
     NVRx spawns the workers)."""
     try:
         _start()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx spawns, as without it
         hook_failed(__name__, exc)
 
 
@@ -116,7 +116,7 @@ def _start():
             context = private_forkserver.Context([*preload, PROBE])
             context.start()
             _guardian.guard(context.pid)  # with it, whatever it forked
-        except Exception as exc:  # no forkserver here: NVRx spawns, as without the package
+        except Exception as exc:  # noqa: BLE001 no forkserver here: NVRx spawns
             _standby, _why = None, f"could not start ({type(exc).__name__}: {exc})"
             logger.warning("nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns "
                            "them", _why)
@@ -134,7 +134,7 @@ def _probe(standby, preload):
     global _why
     try:
         fit, found = _check(standby.context, preload)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 the probe's failure: the standby is unfit, NVRx spawns
         fit, found = False, f"its probe failed: {type(exc).__name__}: {exc}"
     with _lock:
         current = _standby is standby
@@ -223,7 +223,7 @@ def starting(core):
     with _lock:
         try:
             standby = _usable() if _config.standby() else None
-        except Exception as exc:  # the package's defect: NVRx spawns, as without it
+        except Exception as exc:  # noqa: BLE001 the package's defect: NVRx spawns, as without it
             hook_failed(__name__, exc)
             standby = None
         real = getattr(core, "mp", None)

@@ -20,6 +20,8 @@ from then on. A worker that died while suspended is a worker death like any othe
 watch raises it from the next save's finalize.
 """
 
+from __future__ import annotations
+
 import atexit
 import os
 import sys
@@ -33,6 +35,10 @@ from ..core.errors import STOP
 from ..core.fix_names import FIXES
 from ..core.log import logger
 from . import cuda_checkpoint as _cc, registry as _workers
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 FIX_NOT_ACTIVE = "the suspend fix is not active (see nvrx_ipc_fix.status())"
 LOCK_TIMEOUT = 10.0  # seconds the driver may take to lock an idle worker
@@ -56,14 +62,15 @@ class _Suspension:
 
 
 _lock = threading.Lock()
-_suspended = {}  # pid -> _Suspension, until resumed
-_ended = weakref.WeakSet()  # queues whose worker a failed suspend or resume ended
+_suspended: dict[int, _Suspension] = {}  # pid -> _Suspension, until resumed
+#: queues whose worker a failed suspend or resume ended
+_ended: weakref.WeakSet[Any] = weakref.WeakSet()
 _driver = None
 _why = None  # why suspend is not used in this process, once known
 _counts = {"suspends": 0, "resumes": 0}
 #: The last suspend's and resume's timings: ``pid``, ``checkpoint_s`` (lock and checkpoint),
 #: ``restore_s`` (restore and unlock), ``resumed_at`` (``time.perf_counter()``).
-last = {}
+last: dict[str, float] = {}
 _exit_pid = None
 
 
@@ -214,7 +221,7 @@ def ready(queue=None, caller=None):
                  or (queue is not None and s.queue() is queue)]
     try:
         _resuming(found, wait=True)
-    except Exception as exc:  # the package's own defect: no worker may stay suspended
+    except Exception as exc:  # noqa: BLE001 the package's own defect: no worker may stay suspended
         for s in found:
             if s.thread is None:  # its resume could not start: end it, as a failed resume
                 with _lock:

@@ -52,7 +52,7 @@ class _Unsent:
                 except Empty:  # left in the pipe: the next request's preload takes it
                     pass
                 preloads.task_done()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 the feeder thread must not end
             hook_failed("nvrx_ipc_fix.worker.unsent", exc)
 
 
