@@ -148,8 +148,8 @@ SHAPE_NAMES = {
     "_start_worker", "_results_queue", "WriteItemType", "_replace", "persistent",
     "results_queue", "_manager", "_wrap_exception", "_wrap_exception_for_gather",
 }
-#: The adapter (what differs between NVRx versions), the table (its targets' names and parameters), and what status()
-#: and doctor list of the installed NVRx.
+#: The adapter (what differs between NVRx versions), the table (its targets' names and
+#: parameters), and what status() and doctor list of the installed NVRx.
 ADAPTER = {"core/shapes.py", "core/targets.py", "core/detect.py"}
 
 
