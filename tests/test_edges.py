@@ -330,13 +330,13 @@ def test_an_aborted_worker_whose_sigterm_reached_another_thread_ends_at_once():
     the main thread runs only once it wakes: the package's abort wakes it. NVRx 0.6.0's
     abort is a SIGKILL."""
     seen = run_python(ABORTED, timeout=240)
-    assert seen["aborted_s"] < 5, seen  # 30.4 s before
+    assert seen["aborted_s"] < 15, seen  # 30.4 s before (NVRx's wait: 30 s)
     assert seen["exitcode"] is not None and seen["new_worker"] and seen["stale"] == 0, seen
 
 
 # The user's own abort (NeMo RL's and Megatron's abort_nvrx_checkpoint(), close(abort=True)).
 USER_ABORT = SIGTERM_ELSEWHERE.format(abort="""
-        t.queue.persistent_caller.sigterm_timeout = 6.0  # NVRx's default: 30 s
+        t.queue.persistent_caller.sigterm_timeout = 12.0  # NVRx's default: 30 s
         t.queue.close(abort=True)""")
 
 
@@ -346,13 +346,13 @@ USER_ABORT = SIGTERM_ELSEWHERE.format(abort="""
                     reason=lacks("aborts with a SIGKILL (no sigterm_timeout)"))
 @pytest.mark.parametrize("wake", [True, False], ids=["with-the-wake", "without"])
 def test_the_users_abort_of_a_worker_whose_sigterm_reached_another_thread(wake):
-    """NVRx 0.7.0's close(abort=True) waits sigterm_timeout (30 s; 6 s here) for a handler
+    """NVRx 0.7.0's close(abort=True) waits sigterm_timeout (30 s; 12 s here) for a handler
     only the worker's main thread runs, blocked reading its next request: the watch wakes it."""
     seen = run_python(USER_ABORT, timeout=240, env=None if wake else {"WITHOUT_THE_WAKE": "1"})
     if wake:
-        assert seen["aborted_s"] < 2, seen
+        assert seen["aborted_s"] < 6, seen  # half NVRx's wait, whatever the load
     else:  # NVRx's own wait, to its sigterm_timeout: the reproduction
-        assert seen["aborted_s"] > 5.5, seen
+        assert seen["aborted_s"] > 11.5, seen
     assert seen["exitcode"] is not None and seen["new_worker"] and seen["stale"] == 0, seen
 
 

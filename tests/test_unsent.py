@@ -13,7 +13,8 @@ from conftest import needs_nvrx, scenario, scenario_ranks
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
-BOUND = 5.0  # seconds within which the error must come (it comes as the feeder fails)
+BOUND = 15.0  # seconds within which the error must come (it comes as the feeder fails; the
+#             step timed includes the save, seconds under CI's load)
 #: what NVRx's queue's feeder thread raises, by Python version: TypeError (a lock),
 #: AttributeError or PicklingError (a local lambda)
 PICKLING = {"TypeError", "AttributeError", "PicklingError"}
