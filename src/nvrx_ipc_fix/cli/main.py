@@ -105,11 +105,15 @@ def _import_nvrx():
 
 def _show(as_json: bool, no_import: bool) -> int:
     import nvrx_ipc_fix
-    from ..worker import suspend
+    from ..core import detect
 
     if not no_import:
         _import_nvrx()
-    suspend.probe()  # the automatic release's line, as doctor says it
+    version = detect.distribution_version(detect.NVRX_DIST)
+    if version is not None and detect.release_has_cache(version) is not False:
+        from ..worker import suspend
+
+        suspend.probe()  # the automatic release's line, as doctor says it (where it applies)
     snapshot = nvrx_ipc_fix.status()
     print(json.dumps(snapshot.to_dict(), indent=2) if as_json else snapshot.table())
     return 0
