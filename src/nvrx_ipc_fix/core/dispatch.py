@@ -120,10 +120,12 @@ _devices: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 def queue_lock(queue):
     """The lock a thread holds while it schedules, finalizes, closes or releases ``queue``'s
     saves: each talks to the one worker, whose answers would otherwise reach the other."""
-    with _locks_lock:
-        lock = _queue_locks.get(queue)
-        if lock is None:
-            lock = _queue_locks[queue] = threading.RLock()
+    lock = _queue_locks.get(queue)  # a read needs no lock; only the first one makes it
+    if lock is None:
+        with _locks_lock:
+            lock = _queue_locks.get(queue)
+            if lock is None:
+                lock = _queue_locks[queue] = threading.RLock()
     return lock
 
 
@@ -213,6 +215,8 @@ class Planning:
     def scheduled(self):
         """This thread's oldest planned save reached its schedule."""
         me = threading.get_ident()
+        if me not in self.planned:  # only this thread adds its own plans: no lock to know
+            return
         with self.cond:
             if self._live(me):
                 del self.planned[me][0]
