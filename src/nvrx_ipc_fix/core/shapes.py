@@ -55,8 +55,9 @@ def worker_cache(core):
                               "(no PersistentAsyncCaller._worker_data_cache)")
 
 
-def writer_cache(fs):
-    """NVRx filesystem_async: is the IPC cache there, and does it check data pointers?"""
+def _cache_missing(fs):
+    """Where ``fs`` (NVRx filesystem_async, or None) has no writer with the IPC cache, the
+    verdict (None: decided once the module is imported); else False."""
     writer = getattr(fs, "FileSystemWriterAsync", None)
     if writer is None:
         if fs is None or initializing(fs):
@@ -65,6 +66,15 @@ def writer_cache(fs):
     if "_cached_identifiers" not in vars(writer):
         return "not_applicable", ("this NVRx has no IPC tensor cache "
                                   "(no FileSystemWriterAsync._cached_identifiers)")
+    return False
+
+
+def writer_cache(fs):
+    """NVRx filesystem_async: is the IPC cache there, and does it check data pointers?"""
+    missing = _cache_missing(fs)
+    if missing is not False:
+        return missing
+    writer = fs.FileSystemWriterAsync
     if hasattr(writer, "_cached_tensor_data_ptrs"):
         return "fixed_upstream", "NVRx re-sends when data pointers change (NVRx PR #314)"
     if not hasattr(fs, "_compute_data_structure_key_from_plan"):
@@ -76,14 +86,9 @@ def writer_keys(fs):
     """NVRx filesystem_async: does the writer plan saves that send only a cache key (the IPC
     cache's ``_cached_identifiers``), which a release must not drop before they reach the
     worker?"""
-    writer = getattr(fs, "FileSystemWriterAsync", None)
-    if writer is None:
-        if fs is None or initializing(fs):
-            return None  # decided once the module is imported
-        return "not_applicable", "this NVRx has no FileSystemWriterAsync"
-    if "_cached_identifiers" not in vars(writer):
-        return "not_applicable", ("this NVRx has no IPC tensor cache "
-                                  "(no FileSystemWriterAsync._cached_identifiers)")
+    missing = _cache_missing(fs)
+    if missing is not False:
+        return missing
     return "active", ("a save planned to send only a cache key keeps a release in another "
                       "thread waiting until it is scheduled")
 

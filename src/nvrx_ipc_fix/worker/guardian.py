@@ -31,6 +31,7 @@ import weakref
 from ..core import fork as _fork, shapes as _shapes, state as _state
 from ..core.log import hook_failed, logger
 from ..core.status import GUARDIAN_NOT_STARTED
+from .guardian_process import start_time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -105,15 +106,6 @@ def _guard(process):
         _guarded[pid] = start
     if pid is not process:
         _seen.add(process)
-
-
-def start_time(pid):
-    """When ``pid`` started (field 22 of ``/proc/<pid>/stat``), or None: it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rpartition(b")")[2].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _tell(pid, start):
