@@ -103,19 +103,12 @@ def test_a_release_from_another_thread_while_a_save_runs_waits_and_every_save_lo
 
 
 # A trainer whose next schedule waits for ``go`` after its save was planned (``planned``
-# set); ``in_frame(thread, name)``: is ``thread`` inside a function of that name now.
+# set); ``in_frame`` (``harness.stacks``): is a thread inside a function of that name now.
 PAUSED = """
     import json, sys, threading, time
     import nvrx_ipc_fix
     from harness import scenario
-
-    def in_frame(thread, name):
-        frame = sys._current_frames().get(thread.ident)
-        while frame is not None:
-            if frame.f_code.co_name == name:
-                return True
-            frame = frame.f_back
-        return False
+    from harness.stacks import in_frame
 
     def until(predicate, what, bound=120.0):
         deadline = time.monotonic() + bound
@@ -226,15 +219,8 @@ def test_a_suspend_release_from_another_thread_waits_for_the_schedule_it_meets(t
     import json, sys, threading, time
     import nvrx_ipc_fix
     from harness import fakedriver, scenario
+    from harness.stacks import in_frame
     from nvrx_ipc_fix.worker import prewarm
-
-    def in_frame(thread, name):
-        frame = sys._current_frames().get(thread.ident)
-        while frame is not None:
-            if frame.f_code.co_name == name:
-                return True
-            frame = frame.f_back
-        return False
 
     driver = fakedriver.install()
     trainer = scenario.Trainer({str(tmp_path)!r}, n_tensors=4, starts="forkserver")
@@ -293,15 +279,8 @@ def test_a_save_that_meets_a_failed_resume_waits_until_the_worker_is_ended(tmp_p
     import json, sys, threading, time
     import nvrx_ipc_fix
     from harness import fakedriver, scenario
+    from harness.stacks import in_frame
     from nvrx_ipc_fix.worker import suspend
-
-    def in_frame(thread, name):
-        frame = sys._current_frames().get(thread.ident)
-        while frame is not None:
-            if frame.f_code.co_name == name:
-                return True
-            frame = frame.f_back
-        return False
 
     fakedriver.install(["restore-fails"])
     trainer = scenario.Trainer({str(tmp_path)!r}, n_tensors=4, starts="forkserver")

@@ -1,7 +1,9 @@
 """Where a process waits, as ``"<file>:<function>"`` of each frame, innermost last: the
 main thread of this process (``main``), or the current thread of another one from the
-traceback that ``faulthandler`` wrote at a signal (``dumped``). A test that says a wait never
-ends names the wait, not only the time it waited. Standard library only."""
+traceback that ``faulthandler`` wrote at a signal (``dumped``); whether a thread is inside a
+function (``in_frame``: a race test waits until its other thread stands where it wants it).
+A test that says a wait never ends names the wait, not only the time it waited. Standard
+library only."""
 
 import os
 import sys
@@ -27,3 +29,13 @@ def dumped(text):
             path, _, function = line[len('File "'):].partition('", line ')
             frames.append(f"{os.path.basename(path)}:{function.partition(' in ')[2]}")
     return frames[::-1]
+
+
+def in_frame(thread, name):
+    """Is ``thread`` now inside a function named ``name`` (any frame of its stack)?"""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == name:
+            return True
+        frame = frame.f_back
+    return False
