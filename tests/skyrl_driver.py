@@ -247,8 +247,10 @@ class Watchdog(driver._Watchdog):
 
     def _worker_dead(self):  # scenario's rule, but a death counts while the rank waits in NVRx
         worker = self.trainer.worker()
-        return (worker is not None and worker.exitcode is not None
-                and main_thread_in(NVRX_CORE) is not None)
+        if worker is None or main_thread_in(NVRX_CORE) is None:
+            return None  # none, or not waiting in NVRx at this tick: keep the answer (a wait
+            # that polls NVRx between other calls is not a fresh worker)
+        return worker.exitcode is not None
 
     def _peers(self):
         call = since = None  # the collective call the main thread is in, and since when
