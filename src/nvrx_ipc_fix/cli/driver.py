@@ -542,10 +542,11 @@ def _signal(pid, signum):
 
 def _running(pid):
     """Is ``pid`` still a process that can write (not gone, not a zombie)?"""
+    from ..worker.monitor import stat_fields
+
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
-    except OSError:
+        return stat_fields(pid)[0] != b"Z"
+    except OSError:  # gone
         return False
 
 
