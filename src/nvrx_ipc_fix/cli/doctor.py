@@ -60,8 +60,7 @@ def run(out=print, as_json=False):
     startup = sys.modules.get("_nvrx_ipc_fix_startup")  # imported only by start-up
     ran = getattr(startup, "ran", [])
     package_dir = os.path.dirname(os.path.abspath(nvrx_ipc_fix.__file__))
-    affected = (status.nvrx_version is not None
-                and _detect.release_has_cache(status.nvrx_version) is not False)
+    affected = _detect.may_cache(status.nvrx_version)
     covered = status.activated and status.source in ("pth", "sitecustomize")
 
     checks = [("info", "package", f"nvrx-ipc-fix {status.version} in {package_dir}; Python "
@@ -277,7 +276,7 @@ def run_with(python, out=print, timeout=300, as_json=False):
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         return _emit(out, [("FAIL", "python", f"cannot run {python!r} as a Python "
                                               f"interpreter: {exc}")], "not checked", 2, as_json)
-    affected = found["nvrx"] is not None and _detect.release_has_cache(found["nvrx"]) is not False
+    affected = _detect.may_cache(found["nvrx"])
     where = f"{found['python']} (Python {found['version']})"
     rows = [("FAIL" if affected else "warn", "package", f"nvrx_ipc_fix is not importable by "
              f"{where}: not installed in its environment and not on its PYTHONPATH"),

@@ -109,8 +109,7 @@ def _show(as_json: bool, no_import: bool) -> int:
 
     if not no_import:
         _import_nvrx()
-    version = detect.distribution_version(detect.NVRX_DIST)
-    if version is not None and detect.release_has_cache(version) is not False:
+    if detect.may_cache(detect.distribution_version(detect.NVRX_DIST)):
         from ..worker import suspend
 
         suspend.probe()  # the automatic release's line, as doctor says it (where it applies)

@@ -85,6 +85,12 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def may_cache(version: str | None) -> bool:
+    """Is an NVRx of ``version`` installed that has, or may have, the IPC cache (the fixes
+    and the automatic release apply)?"""
+    return version is not None and release_has_cache(version) is not False
+
+
 def release_has_cache(version: str | None) -> bool | None:
     """``False`` for a release older than 0.6.0, ``True`` for 0.6.0 or newer, ``None`` if unknown.
 
