@@ -291,30 +291,39 @@ def _ready_step(trainer, report, index, name):
 @step("standby", adds="standby")
 def _standby_step(trainer, report, index, name):
     """Wait (up to 120 s) until the standby that restart's workers are forked from is ready
-    or failed; its pid and what ``status()`` says of it."""
+    or failed; its pid, what ``status()`` says of it, and the earlier standbys still alive
+    (waited for, up to 60 s: one that was let go exits once its last child has)."""
     from nvrx_ipc_fix.worker import standby
 
     current = standby._standby
     if current is not None:
         current.ready.wait(120.0)
     pid = getattr(current, "pid", None)
+    earlier = [s["pid"] for s in report.get("standby", []) if s["pid"] not in (None, pid)]
     return {"pid": pid, "ready": bool(current and current.ready.is_set()),
             "status": nvrx_ipc_fix.status().standby,
-            "earlier_alive": [s["pid"] for s in report.get("standby", [])
-                              if s["pid"] not in (None, pid) and standby._alive(s["pid"])]}
+            "earlier_alive": _left_alive(earlier, standby._alive)}
 
 
 @step("kill-standby", adds="standby_kills")
 def _kill_standby(trainer, report, index, name):
-    """SIGKILL the standby; its pid, and those of its children still alive 2 s later."""
+    """SIGKILL the standby; its pid, and those of its children still alive once they are
+    gone (waited for, up to 60 s)."""
     from nvrx_ipc_fix.worker import standby
     from nvrx_ipc_fix.worker.monitor import _children
 
     pid = standby._standby.pid
     children = _children(pid)
     os.kill(pid, signal.SIGKILL)
-    time.sleep(2.0)
-    return {"pid": pid, "orphans": [c for c in children if standby._alive(c)]}
+    return {"pid": pid, "orphans": _left_alive(children, standby._alive)}
+
+
+def _left_alive(pids, alive, bound=60.0):
+    """Those of ``pids`` still ``alive`` once none is, or at the bound."""
+    deadline = time.monotonic() + bound
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
 
 
 @step("env-change")
