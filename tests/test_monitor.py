@@ -50,7 +50,7 @@ class FakeProcess:
 def test_a_death_seen_after_the_wait_ended_does_not_unblock_it():
     process, unblocked = FakeProcess(), threading.Event()
     with _monitor.watching("a handshake", lambda: process, unblocked.set) as wait:
-        assert process.seen.wait(10), "the monitor thread never looked at the wait"
+        assert process.seen.wait(120), "the monitor thread never looked at the wait"
     process.die()  # the thread is still blocked on this sentinel (a tick is up to 1 s)
     assert not unblocked.wait(2.5)
     assert wait.exitcode is None
@@ -60,9 +60,9 @@ def test_a_death_seen_after_the_wait_ended_does_not_unblock_it():
 def test_a_death_during_the_wait_unblocks_it_and_records_the_exit_code():
     process, unblocked = FakeProcess(), threading.Event()
     with _monitor.watching("a handshake", lambda: process, unblocked.set) as wait:
-        assert process.seen.wait(10)
+        assert process.seen.wait(120)
         process.die()
-        assert unblocked.wait(5)
+        assert unblocked.wait(120)
     assert wait.exitcode == -9
     process.close()
 
@@ -155,11 +155,11 @@ def test_a_stopped_worker_is_reported_while_another_process_of_the_rank_is_busy(
     _monitor.logger.addHandler(lines)
     try:
         with _monitor.watching("the finalize of save #1", lambda: worker):
-            assert lines.error.wait(30), lines.lines
+            assert lines.error.wait(120), lines.lines
             assert not lines.warning.is_set(), lines.lines  # the worker is still stopped
             continued = time.monotonic()
             os.kill(worker.pid, signal.SIGCONT)
-            assert lines.warning.wait(30), lines.lines
+            assert lines.warning.wait(120), lines.lines
     finally:
         _monitor.logger.removeHandler(lines)
         busy.end()

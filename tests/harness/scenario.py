@@ -27,10 +27,10 @@ waited, ``waits_in``, from the traceback ``faulthandler`` writes at SIGABRT),
 ``__del__`` does when the queue is collected). A fault step, and a ``finalize`` step that
 raises, reports what was raised, by which call, which saves the error names as not saved,
 what is still pending after it, and what one more finalize then raises (nothing, by the
-protocol); a ``fault-stop`` also when its worker was seen stopped and when it was sent
-SIGCONT (``stopped``, on the clock of the log lines' ``t``). Any step but a fault, written
-``<step>?``, may raise (a call the package finalizes in), and ``calls`` reports what it
-raised. A hang report says where the main thread waits (``waits_in``: ``stacks``).
+protocol); a ``fault-stop`` also when its worker stopped itself, when it was seen stopped
+and when it was sent SIGCONT (``stopped``, on the clock of the log lines' ``t``). Any step
+but a fault, written ``<step>?``, may raise (a call the package finalizes in), and ``calls``
+reports what it raised. A hang report says where the main thread waits (``waits_in``: ``stacks``).
 """
 
 import dataclasses
@@ -58,7 +58,8 @@ from nvrx_ipc_fix.worker.monitor import stat_fields
 import nvrx_ipc_fix
 
 STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
-FORK_EXIT_BOUND = 8.0  # seconds a forked child may take to exit before it counts as hung
+FORK_EXIT_BOUND = 20.0  # seconds a forked child may take to exit before it counts as hung
+#                        (0.06 s unloaded; it waits for ever where it hangs)
 CHANGED = "SCENARIO_ENV_CHANGED"  # the variable env-change sets
 EXTRA_STEPS = driver.EXTRA_STEPS  # where tests add their steps
 driver.where_waits = stacks.main  # a hang report names the main thread's frames
@@ -144,7 +145,8 @@ class Trainer(driver.Trainer):
         # cannot be used in a process forked from one that initialized it)
         if starts == "forkserver" and impl == "nvrx" and not torch.cuda.is_available():
             start_workers_from_forkserver(importlib.import_module(IMPLS[impl]))
-        self.stop_window = [None, None]  # fault-stop's: worker seen stopped, SIGCONT sent
+        # fault-stop's: the worker stopped itself, was seen stopped, was sent SIGCONT
+        self.stop_window = [None, None, None]
         self.gate = None  # (gate, done): the next save's write waits and signals (gates)
         super().__init__(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
                          no_dist)
@@ -165,8 +167,9 @@ class Trainer(driver.Trainer):
         elif fault == "segv":
             save_fn = faults.segfault
         elif fault == "stop":
-            save_fn = partial(faults.stop_then, save_fn)
-            threading.Thread(target=self._continue_worker, daemon=True).start()
+            save_fn = partial(faults.stop_then, path + ".stopped", save_fn)
+            threading.Thread(target=self._continue_worker, args=(path + ".stopped",),
+                             daemon=True).start()
         elif fault == "write":  # the checkpoint directory becomes a file
             shutil.rmtree(path, ignore_errors=True)
             open(path, "w").close()
@@ -192,16 +195,22 @@ class Trainer(driver.Trainer):
             while worker.is_alive():
                 time.sleep(0.05)
 
-    def _continue_worker(self, limit=60.0):
+    def _continue_worker(self, marker, limit=120.0):
         """SIGCONT the worker ``STOP_SECONDS`` after it stopped itself (timed from the stop,
-        so that a slow save's handshake on a loaded machine does not shorten the stall)."""
+        so that a slow save's handshake on a loaded machine does not shorten the stall);
+        ``marker``: the file where it wrote when it stopped."""
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline and not _stopped(self.worker()):
             time.sleep(0.05)
-        self.stop_window[0] = time.monotonic()
+        self.stop_window[1] = time.monotonic()
+        try:
+            with open(marker) as stopped:
+                self.stop_window[0] = float(stopped.read())
+        except (OSError, ValueError):
+            pass
         time.sleep(STOP_SECONDS)
         worker = self.worker()
-        self.stop_window[1] = time.monotonic()  # before: nothing after it can precede it
+        self.stop_window[2] = time.monotonic()  # before: nothing after it can precede it
         if worker is not None and worker.pid:
             os.kill(worker.pid, signal.SIGCONT)
 
