@@ -22,10 +22,13 @@ from nvrx_ipc_fix.worker import monitor as _monitor
 
 class FakeProcess:
     """What the monitor reads of a ``multiprocessing.Process``: a sentinel (the read end of a
-    pipe, ready once the write end is closed), ``join`` and ``exitcode``. Reading the sentinel
-    tells the test that the thread has taken this wait into its next blocking wait."""
+    pipe, ready once the write end is closed), ``join``, ``exitcode``, and a ``pid`` whose
+    progress it samples once a wait is older than a tick (a loaded machine's: this process's,
+    which makes progress). Reading the sentinel tells the test that the thread has taken this
+    wait into its next blocking wait."""
 
     exitcode = -9
+    pid = os.getpid()
 
     def __init__(self):
         self._popen = object()  # "started"
