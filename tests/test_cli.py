@@ -384,3 +384,18 @@ def test_json_before_or_after_the_sub_command(tmp_path):
         assert rc == 2 and "error: " in err and out == "", (args, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["python2.7"]  # nothing written
 
+
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
+@pytest.mark.parametrize("args, usage", [
+    (["doctor", "--bogus"], "python -m nvrx_ipc_fix doctor [-h]"),
+    (["status", "--bogus"], "python -m nvrx_ipc_fix status [-h]"),
+    (["bundle", "dir", "--bogus"], "python -m nvrx_ipc_fix bundle [-h]"),
+    (["--bogus"], "python -m nvrx_ipc_fix [-h]"),
+])
+def test_an_unknown_argument_prints_its_sub_commands_usage(tmp_path, args, usage):
+    """The usage of the sub-command the argument was given to (``doctor --bogus`` printed
+    the top-level usage), exit 2, nothing written."""
+    args = [str(tmp_path / a) if a == "dir" else a for a in args]
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", *args])
+    assert rc == 2 and out == "" and err.startswith(f"usage: {usage}"), err
+    assert "unrecognized arguments: --bogus" in err and not list(tmp_path.iterdir()), err
