@@ -242,7 +242,10 @@ class Rank:
         try:
             function(*args)
             return True
-        except Exception as exc:  # noqa: BLE001 the verdict of the test: recorded
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 the verdict: recorded (torch's
+            # CheckpointException is a BaseException)
             error = {"phase": phase, "type": type(exc).__name__,
                      "message": str(exc).splitlines()[0][:400], "text": str(exc)[-2000:],
                      "ranks": list(getattr(exc, "ranks", ()) or ()),
@@ -260,7 +263,9 @@ class Rank:
             if saved["loads"] is None and saved["scheduled"]:
                 try:
                     saved["loads"] = trainer.stale_tensors(saved["path"], saved["version"]) == 0
-                except Exception as exc:  # noqa: BLE001 unloadable: not saved
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:  # noqa: BLE001 unloadable: not saved
                     saved["loads"] = f"{type(exc).__name__}: {exc}"[:300]
 
 
