@@ -459,14 +459,15 @@ class _Check:
 _checks = threading.local()
 
 
-def sync_wrapper(wrapped, caller, args, kwargs):
+def sync_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCaller.sync_all_async_calls(is_alive)``, NVRx's finalize all-reduce
     (one int summed over ranks: ``shapes.COLLECTIVE``): inside ``done_wrapper`` this rank's
     failure flag is added to its value, and the sum is read; anywhere else (NVRx's temporal
     caller) it is NVRx's call alone. This rank's first in a process group is also where it
     learns whether every rank runs the package (``worker.peers``): its word said before,
-    the others' read after, once every rank has entered it."""
-    turn = _peers.announce()
+    the others' read after, once every rank has entered it (never while the interpreter
+    shuts down)."""
+    turn = None if _finalizing() else _peers.announce()
     check = getattr(_checks, "current", None)
     rides = check is not None and check.caller is caller and check.total is None
     result = _sync(wrapped, caller, args, kwargs, check) if rides else wrapped(*args, **kwargs)

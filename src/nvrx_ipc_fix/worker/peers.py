@@ -12,8 +12,8 @@ Right before this rank's first such all-reduce in a group, it says that it runs 
 all-reduce returned, every rank of the group had entered it, so every rank with the package
 had said so: ``verdict`` reads the count. Where it is short, the first rank to claim the work
 finds the ranks without a key (few calls where few are missing) and publishes them; a rank
-whose word could not be stored (each store call is tried ``TRIES`` times) marks that as soon
-as the store answers it, and the ranks then cannot tell, never accuse. Each rank then takes
+whose word could not be stored (each store call is tried 4 times: ``PAUSES``) marks that as
+soon as the store answers it, and the ranks then cannot tell, never accuse. Each rank then takes
 its key away and the last one sets the count back: a new default group on the same store
 (``destroy_process_group`` then ``init_process_group``) starts clean. Where the flag rides the
 all-reduce (a persistent worker's finalize), the finalize raises ``RanksWithoutPackageError``
@@ -37,7 +37,7 @@ from ..core.status import PEERS_NOT_CHECKED as NOT_CHECKED
 PREFIX = "nvrx_ipc_fix/peers/"
 COUNT, DONE, CLAIM, FOUND, UNSURE = (PREFIX + name for name in
                                      ("count", "done", "claim", "found", "unsure"))
-TRIES = 4  # tries of one store call, 0.1, 0.4 and 1.6 s apart
+PAUSES = (0.1, 0.4, 1.6)  # seconds between the 4 tries of one store call
 UNSURE_S = 5.0  # how long the naming rank waits for a rank's mark that its word is missing
 FOUND_S = 60.0  # how long the other ranks wait for the names
 TARGET = "peers: cannot tell"  # the key of its one warning
@@ -60,16 +60,15 @@ class Turn:
         self.said, self.calls, self.started = False, 0, time.monotonic()
 
     def call(self, name, *args):
-        """``store.<name>(*args)``, tried up to ``TRIES`` times."""
-        for attempt in range(TRIES):
+        """``store.<name>(*args)``, tried again after each of ``PAUSES``."""
+        for pause in PAUSES:
             self.calls += 1
             try:
                 return getattr(self.store, name)(*args)
-            except Exception:
-                if attempt == TRIES - 1:
-                    raise
-                time.sleep(0.1 * 4 ** attempt)
-        raise AssertionError("unreachable")
+            except Exception:  # noqa: BLE001 tried again
+                time.sleep(pause)
+        self.calls += 1
+        return getattr(self.store, name)(*args)
 
     def waited(self, key, seconds):
         """Is ``key`` in the store within ``seconds``?"""
@@ -170,20 +169,19 @@ def check(turn, rides):
     if turn is not None:
         try:
             missing = verdict(turn)
-        except Exception as exc:  # noqa: BLE001 the store failed: said once, NVRx's own
+            if missing is None and turn.said:  # else said in announce
+                raise LookupError("the ranks' words in the store do not add up (a rank could "
+                                  "not say so, or an earlier group's are left)")
+        except Exception as exc:  # noqa: BLE001 said once, NVRx's own
             _cannot_tell(exc)
             missing = None
-        if missing is None:
-            if turn.said:  # else said in announce
-                _cannot_tell(LookupError("the ranks' words in the store do not add up (a rank "
-                                         "could not say so, or an earlier group's are left)"))
-        elif missing:
+        if missing:
             _found = RanksWithoutPackageError(_message(turn, missing), rank=turn.rank,
                                               ranks=missing, world_size=turn.world)
             _why = (f"rank(s) {_ranks(missing)} of {turn.world} do not run the package "
-                    "(RanksWithoutPackageError raised at this rank's first finalize that "
-                    "needs every rank)")
-        else:
+                    "(RanksWithoutPackageError, raised once by the first finalize whose "
+                    "failure flag rides NVRx's all-reduce)")
+        elif missing is not None:
             _why = (f"every one of {turn.world} ranks runs the package (checked at this "
                     f"rank's first finalize all-reduce of the process group: {turn.calls} "
                     f"store call(s), {(time.monotonic() - turn.started) * 1000:.2f} ms)")
