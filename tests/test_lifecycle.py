@@ -78,10 +78,10 @@ def expected_steps(active, imported):
             "is_current_async_call_done": ["worker_watch"] * on,
             "schedule_async_request": (["suspend"] * cache + ["prewarm"] * warmup
                                        + ["worker_watch"] * on),
-            # a rank says it runs the package (worker_watch), a planned key stays valid
-            # (clear_on_close), stale storage is re-sent (stale_guard), the save gets a
-            # results queue of its own (own_results: every NVRx's writer shares one)
-            "prepare_write_data": (["worker_watch"] * on + ["clear_on_close"] * cache
+            # a planned key stays valid (clear_on_close), stale storage is re-sent
+            # (stale_guard), the save gets a results queue of its own (own_results: every
+            # NVRx's writer shares one)
+            "prepare_write_data": (["clear_on_close"] * cache
                                    + ["stale_guard"] * (cache and not expect("upstream_ptrs"))
                                    + ["own_results"] * on),
             "retrieve_write_results": ["own_results"] * on}
@@ -187,8 +187,7 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
                 assert state != "disabled", (step, key)
     seen = log[-1][1]
     assert seen["prepare_write_data"]["steps"] == (
-        ["worker_watch"] * ("worker_watch" not in names)
-        + ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
+        ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
         + ["stale_guard"] * ("stale_guard" not in names and expect("cache")
                              and not expect("upstream_ptrs"))
         + ["own_results"])

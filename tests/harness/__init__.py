@@ -3,6 +3,7 @@
 a forkserver and the tests' steps), ``faults`` (what a failing worker does, run inside it),
 ``gates`` (files that order the writes of saves in flight),
 ``fakedriver`` (a CPU stand-in for the CUDA driver's process checkpoint API), ``stacks``
-(where a hung process waits), ``user_child`` (a child the user's own code starts) and
-``races`` (races driven in the trainer). On the
+(where a hung process waits), ``user_child`` (a child the user's own code starts),
+``races`` (races driven in the trainer) and ``ranks`` (gloo ranks that save as a test says,
+with a view of the store the package uses). On the
 path of every child the tests start (``conftest._env``)."""

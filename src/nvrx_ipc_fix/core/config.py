@@ -47,10 +47,6 @@ RELEASE = "NVRX_IPC_FIX_RELEASE"
 #: all-reduce, before the package logs an ERROR (and a WARNING once the wait ends).
 #: Default 300; ``0`` or ``inf``: never.
 STALL_TIMEOUT = "NVRX_IPC_FIX_STALL_TIMEOUT"
-#: Seconds a rank waits, at the first save of a process group, for every other rank to say
-#: that it runs the package (``worker.peers``); a rank without it never does. Default 120;
-#: a finite number > 0.
-PEERS_TIMEOUT = "NVRX_IPC_FIX_PEERS_TIMEOUT"
 #: ``start`` (also ``1``, ``true``, ``yes``, ``on``): start each persistent queue's checkpoint
 #: worker when the queue is created, if ``torch.distributed`` is initialized by then, so that
 #: the first save finds it ready. Default ``off`` (also ``0``, ``false``, ``no``, ``never``,
@@ -177,13 +173,6 @@ def _parse_stall_timeout(raw):
     return (float("inf") if value == 0 else value), problem
 
 
-def _parse_peers_timeout(raw):
-    value, problem = _parse_seconds(raw, 120.0)
-    if value == float("inf"):
-        return 120.0, "is not a finite number of seconds > 0; using 120"
-    return value, problem and problem.replace("> 0 (or inf)", "> 0")
-
-
 def _parse_on(raw):
     if raw in _TRUE or not raw:
         return True, None
@@ -232,8 +221,6 @@ SETTINGS = (
             lambda v: f"release() waits for the worker: {_show_seconds(v)}"),
     Setting(STALL_TIMEOUT, _parse_stall_timeout,
             lambda v: "stall report: " + ("never" if v == float("inf") else f"after {v:g} s")),
-    Setting(PEERS_TIMEOUT, _parse_peers_timeout,
-            lambda v: f"the first save waits for every rank's word: up to {v:g} s"),
     Setting(PREWARM, _parse_prewarm, lambda v: "a persistent queue starts its worker when "
             "created" if v else "off: the worker starts at the first save (or prewarm())"),
     Setting(PIN, _parse_on, lambda v: "on: a prewarmed worker pins the last save's host "
@@ -307,11 +294,6 @@ def release_timeout():
 def stall_timeout():
     """Seconds of no progress before the stall ERROR; infinity when turned off."""
     return _read(STALL_TIMEOUT, _parse_stall_timeout)
-
-
-def peers_timeout():
-    """Seconds the first save waits for every rank to say it runs the package."""
-    return _read(PEERS_TIMEOUT, _parse_peers_timeout)
 
 
 def pin_ahead():

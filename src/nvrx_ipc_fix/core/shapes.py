@@ -93,23 +93,6 @@ def writer_keys(fs):
                       "thread waiting until it is scheduled")
 
 
-def announces(fs):
-    """NVRx's writer: its ``prepare_write_data``, which every release calls right after a
-    save's planning collectives, is where a rank says it runs the package."""
-    writer = getattr(fs, "FileSystemWriterAsync", None)
-    if writer is None and (fs is None or initializing(fs)):
-        return None  # decided once the module is imported
-    if not callable(getattr(writer, "prepare_write_data", None)):
-        return "not_applicable", ("no FileSystemWriterAsync.prepare_write_data: a rank says it "
-                                  "runs the package at its first schedule")
-    watch = persistent_worker(sys.modules.get(CORE))  # None: core not imported yet
-    if watch is not None and watch[0] != "active":  # its loss, if any, is the watch's to say
-        return ("fixed_upstream" if watch[0] == "fixed_upstream" else "not_applicable",
-                f"no worker watch to check it: {watch[1]}")
-    return "active", ("a rank says it runs the package as its first save's planning ends; the "
-                      "schedule checks that every rank did")
-
-
 #: What NVRx's writer does with ``results_queue``: sets it (``prepare_write_data``), hands it
 #: to the worker (``get_save_function_and_args``) and takes the save's results from it.
 RESULTS_QUEUE_USERS = ("prepare_write_data", "get_save_function_and_args",

@@ -14,8 +14,9 @@ GUARDIAN_NOT_STARTED = "not started: no process to guard yet"
 #: ``automatic_release``), and ``Status.suspend`` before that module is imported.
 SUSPEND_NOT_PROBED = ("suspend where the CUDA driver's process checkpoint API works, else "
                       "restart (the driver is probed at the first suspend)")
-#: ``Status.peers`` before the first save of a job of several ranks (``worker.peers``).
-PEERS_NOT_CHECKED = "not checked yet: at the first save of a job of several ranks"
+#: ``Status.peers`` before the check (``worker.peers``).
+PEERS_NOT_CHECKED = ("not checked yet: at the first finalize that makes NVRx's all-reduce in "
+                     "a job of several ranks")
 
 
 class State(str, enum.Enum):
@@ -99,7 +100,7 @@ class Status:
     #: Each call with a wrapper of ours: its region and its steps in order.
     calls: tuple[CallStatus, ...] = ()
     #: Whether every rank of the job runs the package, checked at the process group's first
-    #: save (``worker.peers``), or why that cannot be told.
+    #: finalize all-reduce (``worker.peers``), or why that cannot be told.
     peers: str = PEERS_NOT_CHECKED
     #: The guardian (``worker.guardian``): its pid and how many live processes it guards, which
     #: it kills with their descendants if this process dies first; or why none runs.

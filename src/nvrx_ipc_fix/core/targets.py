@@ -32,10 +32,10 @@ def _probe(name):
     return applies
 
 
-(announces, caller_queues, nvrx_worker_cache, persistent_worker, shared_results, warm_up,
- worker_cache, worker_loop, writer_cache, writer_keys) = map(_probe, (
-    "announces", "caller_queues", "nvrx_worker_cache", "persistent_worker", "shared_results",
-    "warm_up", "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
+(caller_queues, nvrx_worker_cache, persistent_worker, shared_results, warm_up, worker_cache,
+ worker_loop, writer_cache, writer_keys) = map(_probe, (
+    "caller_queues", "nvrx_worker_cache", "persistent_worker", "shared_results", "warm_up",
+    "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
 
 
 def framework_queue(module):
@@ -161,12 +161,11 @@ CALLS = {call.name: call for call in (
     Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
     Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), QUEUE),
     Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
-    # this rank says it runs the package (worker_watch: every rank learns it at its first
-    # schedule); the planned key stays valid until the schedule (clear_on_close), around the
-    # re-send of moved storage (stale_guard); the save's own results queue replaces NVRx's
-    # shared one as soon as NVRx's method has set it (own_results)
+    # the planned key stays valid until the schedule (clear_on_close), around the re-send of
+    # moved storage (stale_guard); the save's own results queue replaces NVRx's shared one as
+    # soon as NVRx's method has set it (own_results)
     Call(FS, "FileSystemWriterAsync.prepare_write_data",
-         ("worker_watch", "clear_on_close", "stale_guard", "own_results")),
+         ("clear_on_close", "stale_guard", "own_results")),
     # a save on NVRx's shared queue that overlapped another fails here (own_results)
     Call(FS, "FileSystemWriterAsync.retrieve_write_results", ("own_results",)),
     *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
@@ -221,11 +220,6 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
-    # Optional: without it a rank says it runs the package at its first schedule, where the
-    # check is made.
-    Target("worker_watch", FS, "FileSystemWriterAsync.prepare_write_data",
-           "fixes.worker_watch:prepare_wrapper", ("self", "plan", "planner"), announces,
-           optional=True),
     Target("own_results", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.own_results:prepare_write_data_wrapper", ("self", "plan", "planner"),
            shared_results),

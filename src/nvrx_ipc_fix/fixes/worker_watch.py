@@ -18,7 +18,9 @@ into the worker is touched):
 * ``AsyncCaller.sync_all_async_calls``, the all-reduce that check makes: a failed rank adds
   its failure flag to the value, so every rank learns of it in the collective NVRx makes
   anyway, and raises; no other collective is made. Its shape is probed first
-  (``core.shapes``): where it is not the one-int sum, the watch is not installed.
+  (``core.shapes``): where it is not the one-int sum, the watch is not installed. A rank's
+  first in a process group also tells it whether every rank runs the package
+  (``worker.peers``), which the finalize then raises, once, after NVRx's.
 * ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped (never
   finalized); the finalize goes on with the saves behind it as NVRx would (a blocking one
   waits for them all), then raises one error naming every save that was not saved.
@@ -55,7 +57,6 @@ from ..core import cleanup as _cleanup, shapes as _shapes
 from ..core.arguments import flags, replaced, values
 from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
 from ..core.log import hook_failed, logger
-from ..core import state as _state
 from ..worker import guardian as _guardian, inside as _worker, monitor as _monitor
 from ..worker import peers as _peers, registry as _workers, unsent as _unsent
 
@@ -79,7 +80,6 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     try:
         if not _shapes.is_persistent(queue):  # NVRx's process per save: nothing to watch
             return wrapped(*args, **kwargs)
-        _peers.check()  # the group's first save: every rank runs the package, or one error
         return _schedule(wrapped, queue, args, kwargs)
     finally:
         _guardian.adopt(queue)
@@ -181,21 +181,6 @@ def caller_init_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finali
     return result
 
 
-def prepare_wrapper(wrapped, writer, args, kwargs):
-    """Around NVRx's ``FileSystemWriterAsync.prepare_write_data``, which comes right after a
-    save's planning collectives: where the watch is installed, this rank says it runs the
-    package (once per process group), so that the check at the schedule finds every such
-    rank's word at once."""
-    _peers.announce(_watched)
-    return wrapped(*args, **kwargs)
-
-
-def _watched():
-    """Does the failure flag ride on NVRx's (or megatron-core's) finalize all-reduce here?"""
-    return any(_state.installed(fix, "AsyncCaller.sync_all_async_calls")
-               for fix in ("worker_watch", "mcore_worker_watch"))
-
-
 def _target(wrapped):
     """The patch target's name (``status()``'s) of the original ``wrapped``."""
     return f"{wrapped.__module__}:{wrapped.__qualname__}"
@@ -289,8 +274,15 @@ def _finalize(wrapped, queue, args, kwargs):
                 raise
             finalized += taken[:-1]  # NVRx finalized these, then the last one raised
             failures.append((taken[-1], other))
+    found = _peers.take()  # a rank without the package: raised once NVRx's finalize is done
     if failures:
-        raise _summary(failures, finalized)
+        summary = _summary(failures, finalized)
+        if found is not None:
+            add_note(summary, f"nvrx_ipc_fix: {found}")
+        raise summary
+    if found is not None:
+        found.finalized = tuple(finalized)
+        raise found
     return finalized
 
 
@@ -467,14 +459,23 @@ class _Check:
 _checks = threading.local()
 
 
-def sync_wrapper(wrapped, caller, args, kwargs):
+def sync_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCaller.sync_all_async_calls(is_alive)``, NVRx's finalize all-reduce
     (one int summed over ranks: ``shapes.COLLECTIVE``): inside ``done_wrapper`` this rank's
-    failure flag is added to its value, and the sum is read. Anywhere else (NVRx's temporal
-    caller) it is NVRx's call alone."""
+    failure flag is added to its value, and the sum is read; anywhere else (NVRx's temporal
+    caller) it is NVRx's call alone. This rank's first in a process group is also where it
+    learns whether every rank runs the package (``worker.peers``): its word said before,
+    the others' read after, once every rank has entered it (never while the interpreter
+    shuts down)."""
+    turn = None if _finalizing() else _peers.announce()
     check = getattr(_checks, "current", None)
-    if check is None or check.caller is not caller or check.total is not None:
-        return wrapped(*args, **kwargs)
+    rides = check is not None and check.caller is caller and check.total is None
+    result = _sync(wrapped, caller, args, kwargs, check) if rides else wrapped(*args, **kwargs)
+    _peers.check(turn, rides)
+    return result
+
+
+def _sync(wrapped, caller, args, kwargs, check):
     import torch
 
     check.world = torch.distributed.get_world_size()
