@@ -47,6 +47,9 @@ EXPECT = {
     "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True, worker_loop=True,
                   warmup=True, daemon=True, sigterm=True, snapshots=True),
 }
+#: NVRx's main at d8686d9 (2026-08-07), built from its repository for one run of the NVRx
+#: tests (docs/versions.md, "NVRx's main"): 0.7.0's code but for the CPU snapshots.
+EXPECT["0.7.0.dev89+d8686d9"] = dict(EXPECT["0.7.0"], snapshots=False)
 try:
     MCORE = metadata.version("megatron-core")
 except metadata.PackageNotFoundError:
