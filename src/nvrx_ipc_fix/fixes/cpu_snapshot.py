@@ -27,15 +27,18 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     megatron-core's)."""
     import torch
 
-    target = f"{wrapped.__module__}:FileSystemWriterAsync.prepare_write_data"
+    target = f"{getattr(wrapped, '__module__', '?')}:FileSystemWriterAsync.prepare_write_data"
     given = {}  # id(item) -> the storage of the tensor the planner gave (kept alive meanwhile)
 
     def on_cpu(data):  # not a tensor on a device, nor one that says it is
         return isinstance(data, torch.Tensor) and data.device.type == "cpu"
 
-    def seen(item, data):
+    def seen(item, data):  # runs inside NVRx's call: never raises into it
         if isinstance(data, torch.Tensor):
-            given[id(item)] = data.untyped_storage()
+            try:
+                given[id(item)] = data.untyped_storage()
+            except Exception:  # noqa: BLE001 a tensor without storage (sparse): not seen, copied
+                pass
 
     try:
         restore = recording(_planner(*args, **kwargs), seen)
@@ -49,8 +52,8 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
             restore()
 
     def copy(item, tensor):
-        """A copy of ``tensor`` where it is a CPU tensor in the storage the planner gave (or
-        given where that was not seen)."""
+        """A copy of ``tensor`` where it is a non-empty CPU tensor still in the storage the
+        planner gave (or in a storage not seen)."""
         storage = given.get(id(item))
         if not on_cpu(tensor) or not tensor.numel() or (
                 storage is not None and storage.data_ptr() != tensor.untyped_storage().data_ptr()):
