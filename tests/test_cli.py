@@ -33,6 +33,10 @@ def test_json_status_matches_the_installed_nvrx():
     assert fixes.pop("prewarm") == ("not_applicable" if NVRX is None else
                                     "active" if EXPECT[NVRX]["warmup"] else "not_applicable")
     assert fixes.pop("own_results") == ("not_applicable" if NVRX is None else "active")
+    # NVRx's writer, and megatron-core's (never imported here: pending where installed)
+    assert fixes.pop("cpu_snapshot") == (
+        "active" if NVRX and not EXPECT[NVRX]["snapshots"] else "pending" if MCORE
+        else "not_applicable" if NVRX is None else "fixed_upstream")
     if NVRX is None:  # nothing to wait for (test_a_target_waits_only_for_what_is_installed)
         assert fixes == {"clear_on_close": "not_applicable", "stale_guard": "not_applicable",
                          "release_on_offload": "not_applicable", "suspend": "not_applicable"}

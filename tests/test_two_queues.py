@@ -12,7 +12,7 @@ nothing is raised. A save counts only when it loads with every value current.
 
 import pytest
 
-from conftest import needs_nvrx, run_python
+from conftest import NVRX, lacks, needs_nvrx, run_python
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -222,3 +222,34 @@ def test_without_queues_of_their_own_saves_in_flight_at_once_raise():
                for o in raised), report
     assert report["out"][2:] == [0] * 4, report
     assert len(report["warnings"]) == 1 and report["state"] == "error", report
+
+
+ABORTED = TRAINERS + """
+    import inspect
+    a = trainer("A", 8)
+    done = os.path.join(directory, "done")
+    a.gate = (None, done)
+    a.save(wait=False)
+    gates.wait_for(done)  # its write is done and its results are in their queue
+    a.queue.close(abort=True)  # an in-process restart aborts it, never finalized
+    b = trainer("B", 3)  # the restarted job's queue and state
+    out = [outcome(b, *b.save()[2:]) for _ in range(2)]
+    b.close()
+    print(json.dumps({"out": out}))
+"""
+
+
+@pytest.mark.skipif(NVRX == "0.4.1", reason=lacks("has no close(abort=True)"))
+@pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
+def test_a_save_after_an_aborted_one_takes_its_own_results(fix):
+    """An in-process restart (Megatron-Bridge's) aborts a save whose write is done but not
+    finalized; the next job's saves, on a new queue, load. Without ``own_results`` the next
+    save's finalize takes the aborted save's results from NVRx's one queue and its checkpoint
+    does not load, silently: what Megatron-Bridge PR #5842 fixes in Bridge by resetting
+    NVRx's results queue after an abort."""
+    env = None if fix else {"NVRX_IPC_FIX_DISABLE": "own_results"}
+    report = run_python(ABORTED, env=env, timeout=240)
+    if fix:
+        assert report["out"] == [0, 0], report
+    else:
+        assert str(report["out"][0]).startswith("unloadable"), report

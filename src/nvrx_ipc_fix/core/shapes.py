@@ -119,6 +119,46 @@ def shared_results(fs):
                       "per process)")
 
 
+def cpu_snapshots(fs):
+    """A writer module (NVRx's filesystem_async, megatron-core's copy): does its
+    ``prepare_write_data`` hand the worker CPU tensors as they are, the trainer's own
+    storage, which the worker reads after the schedule returned? Read from the code of its
+    methods, beneath any wrapper."""
+    writer = getattr(fs, "FileSystemWriterAsync", None)
+    if writer is None:
+        if fs is None or initializing(fs):
+            return None  # decided once the module is imported
+        return "not_applicable", "this version has no FileSystemWriterAsync"
+    prepare, preload = (_codes(vars(writer).get(name))
+                        for name in ("prepare_write_data", "preload_tensors"))
+    copies = [code for code in prepare[1:] if "clone" in code.co_names]  # its nested resolver
+    if (any("untyped_storage" not in code.co_names for code in copies)
+            or any("clone" in code.co_names for code in preload)):
+        return "fixed_upstream", ("NVRx copies every CPU tensor of a save before its schedule "
+                                  "returns (NVRx PR #376)")
+    if not prepare or not {"uncached_tensor_data", "write_buckets"} & set(prepare[0].co_names):
+        return "unsupported", ("FileSystemWriterAsync.prepare_write_data keeps its tensors "
+                               "neither in uncached_tensor_data nor in write_buckets")
+    return "active", ("a save's CPU tensors are copied as its planning ends (this version "
+                      "sends the trainer's own, which the worker writes later)")
+
+
+def _codes(function):
+    """The code of ``function`` (a staticmethod too, beneath any wrapper) and of every
+    function nested in it; empty where it has none."""
+    import inspect
+    import types
+
+    function = inspect.unwrap(getattr(function, "__func__", function))
+    found, todo = [], [getattr(function, "__code__", None)]
+    while todo:
+        code = todo.pop()
+        if isinstance(code, types.CodeType):
+            found.append(code)
+            todo.extend(code.co_consts)
+    return found
+
+
 def persistent_worker(module):
     """NVRx core or megatron-core async_utils: is there a persistent worker we can watch?"""
     if module is None:
@@ -456,6 +496,19 @@ def send(writer, items, tensors):
 def sent_uncached(writer):
     """The items this call sends fresh, outside the cache (CPU tensors, dequantized ones)."""
     return (getattr(writer, "uncached_tensor_data", None) or ((), ()))[0]
+
+
+def copy_fresh(writer, copy):
+    """Put ``copy(item, tensor)`` in place of each tensor this call of ``prepare_write_data``
+    sends the worker afresh, outside its cache: NVRx 0.6.0's ``uncached_tensor_data`` (its CPU
+    tensors go there), else the write buckets (NVRx 0.3.0-0.5.0, megatron-core's writer)."""
+    if hasattr(writer, "uncached_tensor_data"):
+        if writer.uncached_tensor_data:
+            items, tensors = writer.uncached_tensor_data
+            tensors[:] = [copy(item, tensor) for item, tensor in zip(items, tensors)]
+        return
+    for _path, _name, (_bytes, tensors) in writer.write_buckets or ():
+        tensors[:] = [(item, copy(item, tensor)) for item, tensor in tensors]
 
 
 # -- the writer's results queue -------------------------------------------------------------------

@@ -16,8 +16,8 @@ else it returns ``None``. ``status()`` then says ``not_applicable`` where the di
 that ships the module is not installed (``detect.distribution_of``), else ``pending``.
 """
 
-from .detect import (BRIDGE, CORE, FS, MCORE_ASYNC, MEGATRON, NEMO_POLICY, NEMO_VALUE,
-                     SLIME_ACTOR)
+from .detect import (BRIDGE, CORE, FS, MCORE_ASYNC, MCORE_FS, MEGATRON, NEMO_POLICY,
+                     NEMO_VALUE, SLIME_ACTOR)
 
 
 def _probe(name):
@@ -32,10 +32,10 @@ def _probe(name):
     return applies
 
 
-(caller_queues, nvrx_worker_cache, persistent_worker, shared_results, warm_up, worker_cache,
- worker_loop, writer_cache, writer_keys) = map(_probe, (
-    "caller_queues", "nvrx_worker_cache", "persistent_worker", "shared_results", "warm_up",
-    "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
+(caller_queues, cpu_snapshots, nvrx_worker_cache, persistent_worker, shared_results, warm_up,
+ worker_cache, worker_loop, writer_cache, writer_keys) = map(_probe, (
+    "caller_queues", "cpu_snapshots", "nvrx_worker_cache", "persistent_worker", "shared_results",
+    "warm_up", "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
 
 
 def framework_queue(module):
@@ -163,12 +163,14 @@ CALLS = {call.name: call for call in (
     Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
     # the planned key stays valid until the schedule (clear_on_close), around the re-send of
     # moved storage (stale_guard); the save's own results queue replaces NVRx's shared one as
-    # soon as NVRx's method has set it (own_results)
+    # soon as NVRx's method has set it (own_results); the CPU tensors NVRx sends as the
+    # planner gave them are copied as soon as it returns (cpu_snapshot)
     Call(FS, "FileSystemWriterAsync.prepare_write_data",
-         ("clear_on_close", "stale_guard", "own_results")),
+         ("clear_on_close", "stale_guard", "own_results", "cpu_snapshot")),
     # a save on NVRx's shared queue that overlapped another fails here (own_results)
     Call(FS, "FileSystemWriterAsync.retrieve_write_results", ("own_results",)),
     *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
+    Call(MCORE_FS, "FileSystemWriterAsync.prepare_write_data", ("cpu_snapshot",)),
     # a terminate that meets a failed save still closes (worker_watch), after the release
     # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
     Call(MEGATRON, "maybe_finalize_async_save", _TERMINATE),
@@ -225,6 +227,10 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
            shared_results),
     Target("own_results", FS, "FileSystemWriterAsync.retrieve_write_results",
            "fixes.own_results:retrieve_write_results_wrapper", ("self",), shared_results),
+    # NVRx's writer and megatron-core's copy of it (async_strategy="mcore")
+    *(Target("cpu_snapshot", module, "FileSystemWriterAsync.prepare_write_data",
+             "fixes.cpu_snapshot:prepare_write_data_wrapper", ("self", "plan", "planner"),
+             cpu_snapshots) for module in (FS, MCORE_FS)),
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
            "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
     Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",
