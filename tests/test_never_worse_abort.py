@@ -13,8 +13,9 @@ time (``sigterm_timeout``, 2 s here); (c) and the planned save held there too, a
 Now it returns in that time (and at most ``ABORT_WAIT_S`` more), the first thread's call
 raises one ``CheckpointWorkerError`` that names the abort (NVRx alone: that thread waits for
 ever), or in the all-reduce has NVRx's own outcome once the peer comes, and the next save
-loads. Every wait is on a state reached (a thread inside a function, a worker stopped, an
-event), bounded.
+loads. One more, with the package only (NVRx alone has no suspend): an abort while a
+suspended worker resumes waits for that resume alone. Every wait is on a state reached (a
+thread inside a function, a worker stopped, an event), bounded.
 """
 
 import textwrap
@@ -232,6 +233,55 @@ def test_an_abort_between_a_saves_planning_and_its_schedule_is_not_held(tmp_path
     error, = with_fix["raised"]
     assert error["type"] == "CheckpointWorkerError", error
     assert with_fix["next"] == 0 and with_fix["pending"] == 0, with_fix
+
+
+#: The worker suspended (``release(strategy="suspend")``; the CUDA driver is the stand-in,
+#: ``harness.fakedriver``: lock = SIGSTOP), its resume begun in the background, as the onload
+#: begins it, and paused in the driver's restore; then an abort from a second thread.
+SUSPENDED = """
+    import nvrx_ipc_fix
+    from harness import fakedriver
+    from nvrx_ipc_fix.worker import suspend
+
+    fakedriver.install()
+    report = {"suspended": nvrx_ipc_fix.release(strategy="suspend").worker_suspended}
+    restoring, go = threading.Event(), threading.Event()
+    restore = suspend._driver.restore
+
+    def paused(*args, **kwargs):
+        restoring.set()
+        go.wait(4 * BOUND)
+        return restore(*args, **kwargs)
+
+    suspend._driver.restore = paused
+    suspend.resume(wait=False)
+    until(restoring.is_set, "restoring")
+    aborter = threading.Thread(target=abort, name="aborter")
+    aborter.start()
+    until(lambda: in_frame(aborter, "ready") or not aborter.is_alive(), "waiting or done")
+    report["waited"] = aborter.is_alive()
+    go.set()
+    report["abort_s"] = ended(aborter, time.monotonic())
+    _, _, path, version = t.save()
+    report["next"] = t.stale_tensors(path, version)
+    end(report)
+"""
+
+
+@pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("cache"), reason=lacks("has no IPC cache"))
+def test_an_abort_while_a_suspended_worker_resumes_waits_for_the_resume_only(tmp_path):
+    """With the package only (NVRx alone has no suspend): an abort, as every close, resumes
+    a suspended worker first (its exit would wait for the device), so it waits for a resume
+    under way, bounded by the release timeout, and nothing else; then it aborts the worker,
+    and the next save starts a fresh one and loads."""
+    (tmp_path / "with").mkdir()
+    report = run_python(textwrap.dedent(PRELUDE.format(
+        bound=BOUND, how="abort_nvrx_checkpoint", directory=str(tmp_path / "with"), rank=0,
+        world=1, impl="nvrx", cached=True, sigterm=SIGTERM_S)) + textwrap.dedent(SUSPENDED),
+        timeout=6 * BOUND + 120)
+    assert report["suspended"] and report["waited"], report
+    assert report["abort_s"] is not None and report["abort_s"] <= BOUND, report
+    assert report["next"] == 0, report
 
 
 #: Two ranks: rank 0's first thread finalizes its pending save and waits in NVRx's all-reduce
