@@ -106,6 +106,8 @@ class Dispatch:
             return run(args, kwargs)
         if region == "close" and aborts(wrapped, args, kwargs):
             return _abort(instance, run, args, kwargs)
+        if instance in getattr(_aborts.local, "without", ()):  # inside an abort without the
+            return run(args, kwargs)  # lock, whose holder waits for that abort to end
         with queue_lock(instance), _Inside(instance):
             if region != "schedule":
                 return run(args, kwargs)
@@ -198,14 +200,18 @@ class _Aborts:
 
     @contextmanager
     def running(self, queue):
+        """Around an abort of ``queue`` without its lock (in this thread: ``without``)."""
         with self.cond:
             record = self.queues.setdefault(queue, [0, 0, None])
             record[0] += 1
             record[1] += 1
             record[2] = threading.current_thread().name
+        without = self.local.__dict__.setdefault("without", [])
+        without.append(queue)
         try:
             yield
         finally:
+            without.remove(queue)
             with self.cond:
                 record[1] -= 1
                 self.cond.notify_all()
