@@ -19,10 +19,12 @@ class CheckpointWorkerError(RuntimeError):
     Raised once per rank, by the finalize (``maybe_finalize_async_calls``) that reaches the
     failed save: with ``no_dist=False`` on every rank at the same call (the failure travels
     with NVRx's finalize all-reduce), with ``no_dist=True`` on the rank whose worker failed.
-    Scheduling a save never raises it. The failed save, and any save the dead worker had
-    not completed, is never finalized (``lost_saves``); the saves behind them are finalized
-    by the same call (``finalized``) or stay pending for the next one. The next save starts
-    a fresh worker and sends full tensors.
+    Scheduling a save raises it only where another thread aborted the worker
+    (``close(abort=True)``) during that schedule; an abort during a finalize makes it raise on
+    this rank alone. The failed save, and any save the dead worker had not completed, is
+    never finalized (``lost_saves``); the saves behind them are finalized by the same call
+    (``finalized``) or stay pending for the next one. The next save starts a fresh worker and
+    sends full tensors.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, save: int | None = None,

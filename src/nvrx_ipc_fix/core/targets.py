@@ -90,7 +90,7 @@ class Target:
 
 class Call:
     """One intercepted function: the region its wrapper holds around the steps (``QUEUE``,
-    ``SCHEDULE`` or None) and the fixes whose steps run in it, outermost first."""
+    ``SCHEDULE``, ``CLOSE`` or None) and the fixes whose steps run in it, outermost first."""
 
     __slots__ = ("module", "attr", "region", "order")
 
@@ -112,6 +112,11 @@ QUEUE = "queue"
 #: ``QUEUE`` for a schedule, which also ends the oldest save this thread planned to send only a
 #: cache key (``core.dispatch.planning``: a release in another thread waits for such a save).
 SCHEDULE = "schedule"
+#: ``QUEUE`` for a close; an abort (``abort=True``) never waits for a save of another thread,
+#: which may never end: it takes the lock only if it is free within half a second, else goes on
+#: without it, and the call that holds it ends only once the abort is done
+#: (``core.dispatch.abort_met``).
+CLOSE = "close"
 
 
 def _watch_calls(module, fix):
@@ -122,7 +127,7 @@ def _watch_calls(module, fix):
         Call(module, "PersistentAsyncCaller.is_current_async_call_done", (fix,)),
         Call(module, "AsyncCaller.sync_all_async_calls", (fix,)),
         Call(module, "PersistentAsyncCaller.close", (fix,)),
-        Call(module, "AsyncCallsQueue.close", (fix,), QUEUE),
+        Call(module, "AsyncCallsQueue.close", (fix,), CLOSE),
     )
 
 
@@ -159,7 +164,7 @@ CALLS = {call.name: call for call in (
     # resumed before it is told to stop; the trainer's caches cleared once NVRx's close and
     # the watch's are done
     Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
-    Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), QUEUE),
+    Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), CLOSE),
     Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
     # the planned key stays valid until the schedule (clear_on_close), around the re-send of
     # moved storage (stale_guard); the save's own results queue replaces NVRx's shared one as

@@ -405,7 +405,7 @@ def run_in_worker(queue, function, args, timeout):
         error, answered = _answer(completions, _workers.process_of(caller), timeout)
         return error
     finally:
-        if not answered:
+        if not answered and _dispatch.abort_met(queue) is None:  # else that abort let it go
             process = _workers.process_of(caller)
             if process is not None and process.is_alive():
                 queue.close(abort=True)  # the worker watch wakes it for NVRx 0.7.0's
