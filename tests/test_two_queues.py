@@ -309,9 +309,12 @@ def test_the_new_manager_becomes_nvrx_s_own():
 def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
     """After saves (the fix's thread has the next queue ready), a child of ``os.fork()``
     gives its own writer a queue of a manager of its own, through a thread of its own, and
-    exits at once; the parent's next saves take theirs and load."""
+    exits at once, though a thread of the parent's held ``multiprocessing``'s lock of
+    proxies at the fork (as the fix's thread does while it makes a queue); the parent's
+    next saves take theirs and load."""
     found = run_python("""
         import json, multiprocessing, os, tempfile, threading, time
+        from multiprocessing import managers
         from harness import scenario
         from nvrx_ipc_fix.fixes import own_results
 
@@ -319,7 +322,17 @@ def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
                                    starts="forkserver")
         out = [trainer.stale_tensors(*trainer.save()[2:]) for _ in range(2)]
         answer, tell = os.pipe()
+        held, done = threading.Event(), threading.Event()
+
+        def hold():  # as the fix's thread may hold it, making a queue, at the fork
+            with managers.BaseProxy._mutex:
+                held.set()
+                done.wait()
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
         pid = os.fork()
+        done.set()
         if pid == 0:
             try:
                 class Writer:
@@ -339,7 +352,9 @@ def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
                 os._exit(0)
         deadline = time.monotonic() + 60
         while not os.waitpid(pid, os.WNOHANG)[0]:
-            assert time.monotonic() < deadline, "the child did not exit"
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                raise AssertionError("the child did not exit: it waits for a lock")
             time.sleep(0.05)
         child = json.loads(os.read(answer, 65536))
         out += [trainer.stale_tensors(*trainer.save()[2:]) for _ in range(2)]

@@ -516,6 +516,16 @@ def let_go(queue):
         close()
 
 
+def renew_proxy_lock():
+    """In a child of ``os.fork()``: a fresh lock for ``multiprocessing``'s proxies, which a
+    thread the child does not have may have held at the fork (``multiprocessing`` renews it
+    only in the children it starts itself)."""
+    proxy = getattr(sys.modules.get("multiprocessing.managers"), "BaseProxy", None)
+    renew = getattr(getattr(proxy, "_mutex", None), "_at_fork_reinit", None)
+    if callable(renew):
+        renew()
+
+
 def results_queue_of(writer):
     """The queue ``writer``'s save puts its results in (None: it has nothing to write)."""
     return getattr(writer, "results_queue", None)

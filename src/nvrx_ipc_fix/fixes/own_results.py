@@ -180,9 +180,12 @@ def _forget():
 
 def _forget_parent():
     """In a child of ``os.fork()``: the parent's thread and queues are not its own; its
-    saves get a manager of their own."""
+    saves get a manager of their own. The thread may have held ``multiprocessing``'s lock of
+    proxies at the fork: the child gets a fresh one."""
     global _ahead
     _forget()
+    if _ahead.thread is not None:
+        _shapes.renew_proxy_lock()
     _ahead = _Ahead()
 
 
