@@ -137,9 +137,9 @@ class _Ahead:
                 manager, self.wanted = self.wanted, None
                 done, self.done = self.done, []
             try:
+                made = manager and (manager, manager.Queue())  # first: a save may come
                 for queue in done:
                     _shapes.let_go(queue)
-                made = manager and (manager, manager.Queue())
             except Exception:  # noqa: BLE001 a manager gone: the next save makes its own queue
                 continue  # (and says why, where it cannot)
             with self.cond:
