@@ -9,8 +9,8 @@ metadata: the checkpoint does not load, and nothing is raised.
 
 After NVRx's ``prepare_write_data`` the writer gets a queue of its own from NVRx's manager;
 NVRx then hands that one to the worker (``get_save_function_and_args``) and reads it in the
-finalize. Making a queue, and letting one go, are calls to the manager process (about 3 ms
-a save in all): a thread of the fix's makes the next save's queue ahead, as a save takes
+finalize. Making a queue, and letting one go, are calls to the manager process (a few ms a
+save): a thread of the fix's makes the next save's queue ahead, as a save takes
 the last one, and lets a save's queue go once its finalize has taken the results
 (``_ahead``). A save finds its queue ready, unless saves come faster than the manager makes
 them: then it makes its own. The thread is a daemon (it never holds up the exit), and a
@@ -19,7 +19,7 @@ child of ``os.fork()`` starts its own.
 Where NVRx's manager has died (the OOM killer), the save in flight fails as NVRx's does (its
 finalize raises; the worker watch names the worker's error), and the next save starts a new
 manager, from the same ``multiprocessing`` context, which becomes NVRx's: that save and
-those after it are saved. Without the package every save after it fails or hangs.
+those after it are saved. Without the package the next save waits for ever.
 
 Where the fix cannot make a queue (the package's defect, a shape it does not know), the save
 keeps NVRx's shared queue, with one warning. Such saves cannot be told apart when their times

@@ -161,14 +161,12 @@ def _running():
             _process = _Guardian([spawn.get_executable(), "-S", "-I", PROGRAM,
                                   str(os.getpid())], stdin=read, stdout=said, stderr=stderr,
                                  close_fds=True, cwd="/")
-    except OSError as error:  # it cannot be started: no such interpreter, no process to spare
+    except BaseException as error:
         os.close(write)
         os.close(ready)
-        _cannot_run(f"{type(error).__name__}: {error}")
-        raise _CannotRun(_broken) from error
-    except BaseException:
-        os.close(write)
-        os.close(ready)
+        if isinstance(error, OSError):  # no such interpreter, no process to spare
+            _cannot_run(f"{type(error).__name__}: {error}")
+            raise _CannotRun(_broken) from error
         raise
     finally:
         os.close(read)
