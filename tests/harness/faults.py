@@ -60,6 +60,35 @@ def hold(marker, *_args, **_kwargs):
         signal.pause()
 
 
+def hold_tree(marker, *_args, **_kwargs):
+    """``hold``, above a chain the worker started, all there before ``marker`` says the worker
+    is: 300 shells, each the parent of the next, the last one a ``sleep`` (it takes 300
+    rounds of stops to walk)."""
+    import subprocess
+
+    chain = 'if [ "$1" -gt 0 ]; then sh -c "$CHAIN" sh $(($1 - 1)) & wait; else exec sleep 600; fi'
+    first = subprocess.Popen(["sh", "-c", chain, "sh", "300"], env={**os.environ, "CHAIN": chain})
+    deadline, found = time.monotonic() + 120, 0
+    while found <= 300 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found, pid = 0, first.pid
+        while pid is not None:
+            found += 1
+            pid = next(iter(_children(pid)), None)
+    hold(marker)
+
+
+def _children(pid):
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as listed:
+                found += map(int, listed.read().split())
+    except OSError:
+        pass
+    return found
+
+
 def stop_then(real, *args, **kwargs):
     """SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
     os.kill(os.getpid(), signal.SIGSTOP)
@@ -81,4 +110,5 @@ KINDS = {
     "lambda-nopreload": ("request", "the same, in a request without a preload_fn (NVRx does "
                                     "not wait for its worker in the schedule)"),
     "hold": ("write", "blocks in its write until killed (the file `writing` says it is there)"),
+    "hold-tree": ("write", "the same, above a chain of 300 shells it started"),
 }

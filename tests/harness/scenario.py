@@ -15,10 +15,11 @@ test late activation), ``offloading-<strategy>`` (offload, measure and onload in
 ``nvrx_ipc_fix.offloading(strategy=...)``), ``prewarm`` (``nvrx_ipc_fix.prewarm``), ``ready``
 (wait until the prewarmed worker answered; how long it took to start, its parent),
 ``standby`` (wait until the standby restart's workers are forked from is ready),
-``kill-standby`` (SIGKILL it), ``env-change`` (set a variable), ``user-forkserver`` (what a
-child the user starts with ``get_context("forkserver")`` saw), ``driver`` and
-``driver-<faults>`` (suspend through ``fakedriver``), ``resumed`` (wait for a resumed
-worker), ``probe`` (ask the worker what it holds: its pid, cached keys and mapped
+``kill-standby`` (SIGKILL it), ``kill-manager`` (SIGKILL NVRx's results-queue manager, as
+the OOM killer would, and wait until it is gone), ``env-change`` (set a variable),
+``user-forkserver`` (what a child the user starts with ``get_context("forkserver")`` saw),
+``driver`` and ``driver-<faults>`` (suspend through ``fakedriver``), ``resumed`` (wait for a
+resumed worker), ``probe`` (ask the worker what it holds: its pid, cached keys and mapped
 shared-memory segments), ``resources`` (what this process holds: file descriptors, threads,
 semaphores), ``fork-exit`` (``os.fork()`` a child that exits at once with ``sys.exit(0)``;
 its exit code, how long its exit took, its stderr, and whether it hung: then where it
@@ -178,8 +179,9 @@ class Trainer(driver.Trainer):
             real = save_fn
             save_fn = lambda *args, **kwargs: real(*args, **kwargs)  # noqa: E731
             preload_fn = preload_fn if fault == "lambda" else None
-        elif fault == "hold":
-            save_fn = partial(faults.hold, os.path.join(self.directory, "writing"))
+        elif fault in ("hold", "hold-tree"):
+            save_fn = partial(faults.hold_tree if fault == "hold-tree" else faults.hold,
+                              os.path.join(self.directory, "writing"))
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
         return save_fn, preload_fn
@@ -315,6 +317,17 @@ def _kill_standby(trainer, report, index, name):
     os.kill(pid, signal.SIGKILL)
     time.sleep(2.0)
     return {"pid": pid, "orphans": [c for c in children if standby._alive(c)]}
+
+
+@step("kill-manager", adds="manager_kills")
+def _kill_manager(trainer, report, index, name):
+    """SIGKILL NVRx's results-queue manager and reap it; its pid."""
+    from nvrx_ipc_fix.core.shapes import results_manager_process
+
+    process = results_manager_process(sys.modules[driver.FS])
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    return {"pid": process.pid, "exitcode": process.exitcode}
 
 
 @step("env-change")

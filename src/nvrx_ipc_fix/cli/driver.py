@@ -35,7 +35,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -511,19 +510,11 @@ class _Watchdog:
     @staticmethod
     def exit():
         """End this process's descendants (NVRx's worker, its writer processes, the results
-        manager) and the process, with no clean-up but the scratch, which none of them can
-        write into any more."""
-        from ..worker.guardian_process import children
+        manager: stopped, then killed, as the guardian ends them) and the process, with no
+        clean-up but the scratch, which none of them can write into any more."""
+        from ..worker.guardian_process import children, end_trees, pidfd
 
-        found, look = [], [os.getpid()]
-        while look:  # stopped as found: none forks or writes after it is seen
-            for pid in children(look.pop()):
-                if pid not in found:
-                    found.append(pid)
-                    look.append(pid)
-                    _signal(pid, signal.SIGSTOP)
-        for pid in reversed(found):
-            _signal(pid, signal.SIGKILL)
+        found = end_trees({pid: pidfd(pid) for pid in children(os.getpid())})
         multiprocessing.active_children()  # reaps the children multiprocessing started
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(_running(pid) for pid in found):
@@ -531,13 +522,6 @@ class _Watchdog:
         if _scratch is not None:  # os._exit runs no clean-up
             shutil.rmtree(_scratch, ignore_errors=True)
         os._exit(0)
-
-
-def _signal(pid, signum):
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _running(pid):

@@ -513,23 +513,58 @@ def copy_fresh(writer, copy):
 
 # -- the writer's results queue -------------------------------------------------------------------
 
-def own_results_queue(writer):
+def own_results_queue(writer, made=None):
     """Give ``writer`` (``prepare_write_data`` just ran) a results queue of its own, made by
-    the manager of the queue NVRx gave it (none where NVRx gave it none: nothing to write).
-    Raises where it cannot."""
+    the manager of the queue NVRx gave it (none where NVRx gave it none: nothing to write):
+    ``made(manager)``, a queue made ahead, else a new one. Where that manager's process has
+    died, a new manager is started first, from the same ``multiprocessing`` context, and
+    becomes NVRx's (its ``_results_queue``). Returns ``(the queue given, the process that
+    died or None)``, or None; raises where it cannot."""
     shared = writer.results_queue
     if shared is None:
-        return
-    manager = getattr(shared, "_manager", None)
+        return None
+    manager, died = _manager_of(shared), None
+    process = getattr(manager, "_process", None)
+    if process is not None and process.exitcode is not None:  # gone: a new one, as NVRx's
+        died, shared = process, manager._ctx.Manager().Queue()
+        fs = sys.modules.get(FS)
+        if getattr(fs, "_results_queue", None) is writer.results_queue:
+            fs._results_queue = shared
+        manager = _manager_of(shared)
+    writer.results_queue = (made(manager) if made is not None else None) or manager.Queue()
+    return writer.results_queue, died
+
+
+def _manager_of(queue):
+    manager = getattr(queue, "_manager", None)
     if manager is None:
-        raise RuntimeError(f"NVRx's results queue ({type(shared).__name__}) has no manager "
+        raise RuntimeError(f"NVRx's results queue ({type(queue).__name__}) has no manager "
                            f"in this process to make another")
-    writer.results_queue = manager.Queue()
+    return manager
 
 
-def has_results_queue(writer):
-    """Will ``writer``'s save put its results in a queue (it has data to write)?"""
-    return getattr(writer, "results_queue", None) is not None
+def let_go(queue):
+    """Tell the manager of ``queue`` (a proxy of this process's) that this process no longer
+    holds it, now rather than when the proxy is collected (a call to the manager process);
+    the proxy must not be used after. Raises nothing where the manager is gone."""
+    close = getattr(queue, "_close", None)  # multiprocessing's finalizer of the proxy
+    if callable(close):
+        close()
+
+
+def renew_proxy_lock():
+    """In a child of ``os.fork()``: a fresh lock for ``multiprocessing``'s proxies, which a
+    thread the child does not have may have held at the fork (``multiprocessing`` renews it
+    only in the children it starts itself)."""
+    proxy = getattr(sys.modules.get("multiprocessing.managers"), "BaseProxy", None)
+    renew = getattr(getattr(proxy, "_mutex", None), "_at_fork_reinit", None)
+    if callable(renew):
+        renew()
+
+
+def results_queue_of(writer):
+    """The queue ``writer``'s save puts its results in (None: it has nothing to write)."""
+    return getattr(writer, "results_queue", None)
 
 
 def failed_retrieval(fs, retrieve, exc):
