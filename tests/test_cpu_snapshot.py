@@ -56,8 +56,9 @@ SAVES = """
         if options.get("shared"):  # in shared memory already (after a save on NVRx 0.6.0's
             for tensor in state.values():  # persistent worker, or the user's own)
                 tensor.share_memory_()
-        if count > 1:
-            state["weight"] = fakecuda.on_fake_device(torch.zeros(numel))
+        if count > 1:  # on a GPU a CUDA tensor, which NVRx sends by CUDA IPC
+            state["weight"] = (torch.zeros(numel, device="cuda") if torch.cuda.is_available()
+                               else fakecuda.on_fake_device(torch.zeros(numel)))
         return state
 
     def writer_for(path):

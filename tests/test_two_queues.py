@@ -22,10 +22,12 @@ TRAINERS = """
     from harness import gates, scenario
 
     directory = tempfile.mkdtemp()
+    # elements per tensor: 512, or as a run on a GPU asks (NVRX_TESTS_NUMEL; BENCHMARKS.md)
+    NUMEL = int(os.environ.get("NVRX_TESTS_NUMEL", "512"))
 
     def trainer(name, count, **options):
         os.makedirs(os.path.join(directory, name))
-        made = scenario.Trainer(os.path.join(directory, name), n_tensors=count, numel=512,
+        made = scenario.Trainer(os.path.join(directory, name), n_tensors=count, numel=NUMEL,
                                 starts="forkserver", **options)
         made.names = [f"{name}{i}" for i in range(count)]  # what each loads back
         made.replace()
