@@ -5,7 +5,7 @@ said of a lost fix or an untested version (``losses``), what is installed (``det
 NVRx's and megatron-core's code looks like (``shapes``, the one adapter), the status
 (``status``, its types; ``snapshot``, building it), the trainer-side clean-up (``cleanup``),
 errors, a wrapped call's arguments (``arguments``), what a child of ``os.fork()`` resets
-(``fork``) and the per-process records (``state``). Importing this package imports none of
-them."""
+(``fork``) and what the packages above register with ``core`` (``state``). Importing this
+package imports none of them."""
 
 __version__ = "0.1.0"

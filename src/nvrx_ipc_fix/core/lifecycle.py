@@ -118,29 +118,6 @@ def deactivate() -> Status:
     return status()
 
 
-def reset():
-    """``deactivate()``, then every record of the package in this process back to its value
-    at import (``core.state``): no activation, no hook, no verdict, no warning given, no
-    count, no record of a queue, caller or save. A later ``activate()`` is a first one. For
-    tests that run many cases in one interpreter; returns ``status()``."""
-    deactivate()
-    _state.reset_all()
-    return status()
-
-
-@_state.on_reset
-def _reset():
-    global _active, _source
-    with _lock:
-        _active, _source = False, None
-        _requested.clear()
-        _hooked.clear()
-        _verdicts.clear()
-        _seen_dists.clear()
-        _patches.clear()
-        _calls.clear()  # what deactivate left inert under another wrapper stays off
-
-
 def _remove(target):
     """Take ``target``'s step out; a call's wrapper with no step left goes, or, left under
     another wrapper, switched off, stays recorded."""

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 
-from ..core import state as _state
 from ..core.detect import CORE, FS
 from ..core.shapes import worker_data_cache
 
@@ -217,8 +216,3 @@ def pin_host(sizes):
         return sum(b.numel() for b in blocks), f"{type(exc).__name__}: {exc}"[:500]
     finally:
         del blocks  # into the cache: pinned, and free for the save
-
-
-@_state.on_reset
-def _reset():
-    WORKER_IMPORTS[:] = [FS]

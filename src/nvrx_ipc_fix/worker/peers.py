@@ -238,12 +238,4 @@ def _fresh_lock():
     _lock = threading.Lock()
 
 
-def _forget():
-    """At ``reset()``: nothing checked."""
-    global _checked, _found, _due, _why
-    _checked = _found = _due = None
-    _why = NOT_CHECKED
-
-
 _fork.in_child(_fresh_lock)
-_state.on_reset(_forget)

@@ -484,11 +484,3 @@ def stop_unused():
 
 
 _state.on_deactivate(stop_unused)
-
-
-@_state.on_reset
-def _reset():
-    """(``lifecycle.reset`` stopped the unused workers first.)"""
-    global _starts, _scheduling, _sizes
-    _starts, _scheduling = weakref.WeakKeyDictionary(), weakref.WeakSet()
-    _sizes = weakref.WeakKeyDictionary()

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from queue import Empty
 
 from ..core import cleanup as _cleanup, config as _config, dispatch as _dispatch
-from ..core import shapes as _shapes, state as _state
+from ..core import shapes as _shapes
 from ..core.detect import CORE
 from ..core.errors import STOP, add_note, annotate, deliver
 from ..core.log import logger
@@ -431,9 +431,3 @@ def _answer(completions, process, timeout):
         if done == _workers.SENTINEL:
             return None, True
         return f"the worker answered {done!r} instead of our request", False
-
-
-@_state.on_reset
-def _reset():
-    global _released_at, _ipc_anyway
-    _released_at, _ipc_anyway = weakref.WeakKeyDictionary(), weakref.WeakSet()

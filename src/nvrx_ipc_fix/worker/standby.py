@@ -258,4 +258,3 @@ def _forget():
 
 
 _fork.in_child(_forget)
-_state.on_reset(_forget)

@@ -364,4 +364,3 @@ def _forget():
 _fork.in_child(_forget)
 # deactivate() resumes first: without the fix, nothing would resume them
 _state.on_deactivate(lambda: resume(wait=True), first=True)
-_state.on_reset(_forget)
