@@ -143,9 +143,10 @@ def _arguments(queue, strategy, timeout):
 
 #: queue -> its call_idx at the last release
 _released_at: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-#: Queues in CPU-shm mode whose writers take the IPC path all the same (a stand-in for the
-#: device keeps its worker off CUDA that way: ``treat_as_ipc``).
-_ipc_anyway: weakref.WeakSet[Any] = weakref.WeakSet()
+#: The queues of the demo's CPU stand-in for the device (``cli.fakecuda``): in CPU-shm mode
+#: only to keep CUDA out of their worker, their writers send tensors as GPU ones, which the
+#: worker caches: released as queues that hold IPC handles.
+fake_device_queues: weakref.WeakSet[Any] = weakref.WeakSet()
 _local = threading.local()
 
 
@@ -156,12 +157,7 @@ def releasing() -> bool:
 
 def holds_ipc(queue) -> bool:
     """Can this queue's worker hold CUDA IPC mappings (not CPU shared memory)?"""
-    return _shapes.holds_ipc(queue) or queue in _ipc_anyway
-
-
-def treat_as_ipc(queue):
-    """Release ``queue`` as one that holds IPC handles, although it is in CPU-shm mode."""
-    _ipc_anyway.add(queue)
+    return _shapes.holds_ipc(queue) or queue in fake_device_queues
 
 
 def has_live_worker(queue) -> bool:
