@@ -180,7 +180,7 @@ def released(queue, strategy, timeout):
     held = []  # what NVRx raised in the release: the first is raised, the rest noted
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        with _dispatch.planning.releasing_region(timeout):  # or RuntimeError: nothing done
+        with _dispatch.planning.releasing_region(timeout):  # else RuntimeError, nothing released
             report = _release(queue, strategy, timeout, held)
     except Exception as defect:
         if not held:
@@ -263,7 +263,7 @@ def _release(queue, strategy, timeout, held):
         strategy = "restart"
     if not queues:
         tally.skipped.append("queues: no live AsyncCallsQueue")
-    with _dispatch.holding(queues, timeout, "release()"):  # or RuntimeError: nothing done
+    with _dispatch.holding(queues, timeout, "release()"):  # else RuntimeError, nothing released
         for q in queues:
             _release_queue(q, strategy, timeout, tally)
     trainer_cache.clear()

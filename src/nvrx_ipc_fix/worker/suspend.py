@@ -282,7 +282,7 @@ def _resume(s, timeout):
 
 def _end(queue, caller, process, why, undo, held=None):
     """After a failed suspend or resume of a live worker: end it (``_finish``); ``suspend``
-    is off from now on, said once."""
+    is off from now on, with one warning."""
     global _why
     _why = f"{why}; the worker was killed"
     try:
