@@ -37,7 +37,7 @@ PRELUDE = """
     import json, os, signal, threading, time
     from harness import gates, scenario
     from harness.stacks import in_frame
-    from nvrx_ipc_fix.cli.driver import _Watchdog
+    from nvrx_ipc_fix.cli.driver import Watchdog
     from nvrx_ipc_fix.worker.monitor import stat_fields
 
     BOUND = {bound}
@@ -54,7 +54,7 @@ PRELUDE = """
 
     def end(report):
         print(json.dumps(report), flush=True)
-        _Watchdog.exit()
+        Watchdog.exit()
 
     def abort():
         if {how!r} == "abort_nvrx_checkpoint":

@@ -4,6 +4,7 @@ benchmarks) to show what a dying or stuck worker does to the trainer.
 Each is a plain module-level function: pickled by reference in an ``AsyncRequest`` in place
 of NVRx's ``preload_fn`` or ``async_fn``, it runs inside the worker, which imports this
 module to call it. ``KINDS`` maps a scenario step (``fault-<kind>``) to where it goes.
+``describe_cache`` (the scenario's ``probe``) runs there the same way.
 """
 
 import os
@@ -93,6 +94,24 @@ def stop_then(real, *args, **kwargs):
     """SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
     os.kill(os.getpid(), signal.SIGSTOP)
     return real(*args, **kwargs)
+
+
+def describe_cache(path):
+    """Not a fault: write what the worker holds to ``path`` as JSON: its pid, the keys of
+    NVRx's tensor cache, and how many shared-memory segments it maps (the CPU stand-in's
+    equivalent of IPC mappings)."""
+    import json
+    import sys
+
+    from nvrx_ipc_fix.core.detect import CORE
+    from nvrx_ipc_fix.core.shapes import worker_data_cache
+
+    cache = worker_data_cache(sys.modules[CORE])
+    with open("/proc/self/maps") as maps:
+        shm = {line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
+               for line in maps if "/dev/shm/" in line or "torch_" in line}
+    with open(path, "w") as out:
+        json.dump({"pid": os.getpid(), "keys": sorted(cache), "shm_segments": len(shm)}, out)
 
 
 #: fault kind -> (what it replaces: "preload", "write", "path", "idle" or "request", description)

@@ -42,7 +42,7 @@ from torch.distributed import distributed_c10d
 from harness import gates, stacks
 from harness.scenario import Trainer
 from nvrx_ipc_fix.cli import fakecuda
-from nvrx_ipc_fix.cli.driver import _kwargs_accepted, _Watchdog
+from nvrx_ipc_fix.cli.driver import Watchdog, kwargs_accepted
 
 import nvrx_ipc_fix
 
@@ -112,7 +112,7 @@ class Rank:
         self.trainer = Trainer(self.directory, n_tensors=2, numel=512, rank=self.rank,
                                world_size=self.world, starts="forkserver")
         # a rank-local checkpoint has its queue (and worker) of its own, as an EMA's would
-        alone = self.trainer.core.AsyncCallsQueue(**_kwargs_accepted(
+        alone = self.trainer.core.AsyncCallsQueue(**kwargs_accepted(
             self.trainer.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=True))
         fakecuda.mark_queue(alone)
         self.queues = {"save": self.trainer.queue, "alone": alone}
@@ -182,7 +182,7 @@ class Rank:
         if not finished.wait(self.spec["timeout"]):
             self.report["hang"] = {"step": self.report["step"], "waits_in": stacks.main()}
             print(json.dumps(self.report), flush=True)
-            _Watchdog.exit()
+            Watchdog.exit()
 
     def _step(self, step):
         """One step; True where the rank stops here."""

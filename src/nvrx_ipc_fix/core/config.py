@@ -14,8 +14,6 @@ checks each, and turns these warnings off (``log.quiet()``).
 
 import os
 
-from . import state as _state
-
 #: ``1``/``true``/``yes``/``on`` turns the package off; a comma list of fix names
 #: (``clear_on_close,stale_guard``) turns off only those fixes. Any other value turns the
 #: whole package off too (with a warning): a kill switch errs on the side of off. An empty
@@ -309,9 +307,3 @@ def standby():
 def prewarm_at_start():
     """Does a persistent queue start its worker when it is created (``NVRX_IPC_FIX_PREWARM``)?"""
     return _read(PREWARM, _parse_prewarm)
-
-
-@_state.on_reset
-def _reset():
-    global _held_hooked
-    _held_hooked = False

@@ -35,7 +35,7 @@ import weakref
 from contextlib import ExitStack, contextmanager
 from functools import partial
 
-from . import fork as _fork, state as _state
+from . import fork as _fork
 from .arguments import flags
 from .errors import CheckpointWorkerError, add_note
 
@@ -402,4 +402,3 @@ def _forget():
 
 
 _fork.in_child(_forget)
-_state.on_reset(_forget)

@@ -33,7 +33,7 @@ import sys
 import threading
 import weakref
 
-from ..core import fork as _fork, shapes as _shapes, state as _state
+from ..core import fork as _fork, shapes as _shapes
 from ..core.detect import FS
 from ..core.log import hook_failed, logger
 
@@ -189,5 +189,4 @@ def _forget_parent():
     _ahead = _Ahead()
 
 
-_state.on_reset(_forget)
 _fork.in_child(_forget_parent)

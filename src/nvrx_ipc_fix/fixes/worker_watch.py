@@ -504,8 +504,8 @@ def sync_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     (one int summed over ranks: ``shapes.COLLECTIVE``): inside ``done_wrapper`` this rank's
     failure flag is added to its value, and the sum is read; anywhere else (NVRx's temporal
     caller) it is NVRx's call alone. This rank's first in a process group is also where it
-    learns whether every rank runs the package (``worker.peers``): its word said before,
-    the others' read after, once every rank has entered it (never while the interpreter
+    learns whether every rank runs the package (``worker.peers``): its own key written
+    before, the others' read after, once every rank has entered it (never while the interpreter
     shuts down)."""
     turn = None if _finalizing() else _peers.announce()
     check = getattr(_checks, "current", None)

@@ -7,19 +7,19 @@ failed rank's flag as "not done yet" and hangs the job later (docs/failures.md).
 finalize with ``no_dist=False`` makes it: a save planned in a group of its own and finalized
 with ``no_dist=True`` is never checked.
 
-Right before this rank's first such all-reduce in a group, it says that it runs the package
-(``say``: its key, ``nvrx_ipc_fix/peers/<rank>``, and one more in a count). Once the
-all-reduce returned, every rank of the group had entered it, so every rank with the package
-had said so: ``verdict`` reads the count. Where it is short, the first rank to claim the work
-finds the ranks without a key (few calls where few are missing) and publishes them; a rank
-whose word could not be stored (each store call is tried 4 times: ``PAUSES``) marks that as
-soon as the store answers it, and the ranks then cannot tell, never accuse. Each rank then takes
-its key away and the last one sets the count back: a new default group on the same store
+Right before this rank's first such all-reduce in a group, it writes that it runs the package
+(``say``: its key, ``nvrx_ipc_fix/peers/<rank>``, and one more in a count). Once the all-reduce
+returned, every rank of the group had entered it, so every rank with the package had written
+its key: ``verdict`` reads the count. Where it is short, the first rank to claim the work finds
+the ranks without a key (few calls where few are missing) and publishes them; a rank whose key
+could not be written (each store call is tried 4 times: ``PAUSES``) marks that as soon as the
+store answers it, and the ranks then cannot tell, never accuse. Each rank then takes its key
+away and the last one sets the count back: a new default group on the same store
 (``destroy_process_group`` then ``init_process_group``) starts clean. Where the flag rides the
 all-reduce (a persistent worker's finalize), the finalize raises ``RanksWithoutPackageError``
-once, after NVRx's own finalize of the save (``take``). Where it cannot be told (a store
-error after every try; keys an earlier group left behind), one warning, ``status()`` says
-why, and NVRx's behaviour stays.
+once, after NVRx's own finalize of the save (``take``). Where it cannot be told (a store error
+after every try; keys an earlier group left behind), one warning, ``status()`` says why, and
+NVRx's behaviour stays.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def verdict(turn):
     """After that all-reduce: the ranks that did not say they run the package (empty: every
     rank did), or None where that cannot be told. The rank's key is taken away; the last rank
     of the group sets the count back."""
-    if not turn.said:  # its word may be missing: every rank is told it cannot tell
+    if not turn.said:  # its key may be missing: every rank is told it cannot tell
         turn.call("add", UNSURE, 1)
         turn.call("delete_key", f"{PREFIX}{turn.rank}")
         return None
@@ -134,8 +134,9 @@ def _missing(turn, ranks):
 
 def announce():
     """Before one of NVRx's finalize all-reduces: where it is this rank's first in the
-    default group, its word is said, and its ``Turn`` returned (else None). The store's
-    failure is said once (the check then cannot tell); it never breaks NVRx's call."""
+    default group, this rank writes its key (``say``) and its ``Turn`` is returned (else
+    None). A failure of the store gives one warning (the check then cannot tell); it never
+    breaks NVRx's call."""
     global _checked, _found
     try:
         dist = sys.modules.get("torch.distributed")
@@ -169,7 +170,7 @@ def check(turn, rides):
     if turn is not None:
         try:
             missing = verdict(turn)
-            if missing is None and turn.said:  # else said in announce
+            if missing is None and turn.said:  # else announce warned
                 raise LookupError("the ranks' words in the store do not add up (a rank could "
                                   "not say so, or an earlier group's are left)")
         except Exception as exc:  # noqa: BLE001 said once, NVRx's own
@@ -215,7 +216,7 @@ def _message(turn, missing):
 
 
 def _cannot_tell(exc):
-    """Said once per process: a warning, and ``status()``."""
+    """Warn once per process, and tell ``status()`` why."""
     global _why
     from ..core.log import warn, warn_once
 
@@ -238,12 +239,4 @@ def _fresh_lock():
     _lock = threading.Lock()
 
 
-def _forget():
-    """At ``reset()``: nothing checked."""
-    global _checked, _found, _due, _why
-    _checked = _found = _due = None
-    _why = NOT_CHECKED
-
-
 _fork.in_child(_fresh_lock)
-_state.on_reset(_forget)
