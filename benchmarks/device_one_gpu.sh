@@ -53,7 +53,7 @@ tests)  # phase 1 (about 5 min): what shares the GPU well, both NVRx at once
     done ;;
 suspend)  # 32 GiB alone, checkpoints in /dev/shm (the disk holds one): suspend, then flush
     for strategy in suspend flush; do
-        TMPDIR=/dev/shm PYTHONPATH=/tmp/nvrx-0.7.0 timeout 285 python3 benchmarks/restart_wait.py \
+        TMPDIR=/dev/shm PYTHONPATH=tests:/tmp/nvrx-0.7.0 timeout 285 python3 benchmarks/restart_wait.py \
             --sizes 32g256 --strategies $strategy --cycles 5 --inference 3 --step 2 \
             --timeout 200 --label alone --out "$OUT/one-gpu-32g256-nvrx070.jsonl" > /dev/null \
             2>> "$OUT/err-suspend.txt"
