@@ -23,7 +23,10 @@ done
 export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import sys, torch, nvrx_ipc_fix; print(sys.version.split()[0], torch.__version__, nvrx_ipc_fix.status().source)"
-  nproc; free -g | sed -n 2p; df -h /tmp | tail -1; date -u; } > "$OUT/env.txt" 2>&1
+  nproc; free -g | sed -n 2p; df -h /tmp | tail -1; date -u
+  # docs/verify.md's samples: doctor and the status, NVRx 0.6.0 beside the wheel
+  PYTHONPATH=/tmp/nvrx-0.6.0 python3 -m nvrx_ipc_fix doctor
+  PYTHONPATH=/tmp/nvrx-0.6.0 python3 -m nvrx_ipc_fix; } > "$OUT/env.txt" 2>&1
 case "${1:-tests}" in
 tests)  # phase 1 (about 5 min): what shares the GPU well, both NVRx at once
     for v in 0.6.0 0.7.0; do

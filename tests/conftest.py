@@ -449,6 +449,19 @@ def pytest_collection_finish(session):
         _zygote[0].wait_ready()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group
+def pytest_collection_modifyitems(items):
+    """Tests that share a module-scoped fixture (a scenario run once, asserted on by several
+    tests) go to one xdist worker, which then runs it once (``--dist loadgroup``, tox.ini)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name in info.names_closure if info else ():
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope == "module":
+                item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{name}"))
+                break
+
+
 def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
 
