@@ -58,7 +58,6 @@ def child(spec):
     import nvrx_ipc_fix
     from nvrx_ipc_fix.worker import standby, suspend
     from harness import scenario
-    from nvrx_ipc_fix.cli import driver
 
     cycles = []
     last_cpu = {}
@@ -77,7 +76,7 @@ def child(spec):
             trainer.offload()
             time.sleep(spec["inference"] / 2)
             measure = trainer.measure()
-            apps = driver.on_device()
+            apps = scenario.on_device()
             workers = scenario.checkpoint_workers()
             sb = standby._standby.pid if standby._standby is not None else None
             time.sleep(spec["inference"] / 2)

@@ -1,16 +1,22 @@
-"""What ``own_results`` adds to a save: a results queue of the save's own, made by NVRx's
-results-queue manager after ``prepare_write_data``, and dropped with the writer.
+"""What ``own_results`` adds to a save in the trainer: a results queue of the save's own,
+from NVRx's results-queue manager, given to the writer after ``prepare_write_data`` and let
+go after its finalize.
 
-    PYTHONPATH=src:$NVRX python benchmarks/results_queue_cost.py [--saves 500]
+    PYTHONPATH=src:$NVRX python benchmarks/results_queue_cost.py [--saves 500] [--back-to-back]
 
 Starts NVRx's manager as NVRx does (its ``get_write_results_queue()``), then, for each of
-``--saves`` saves, times in the trainer what the fix adds: making the queue
-(``shapes.own_results_queue``: the manager creates it, the proxy increfs it) and dropping it
-(the proxy's decref), each a call to the manager process. Between them it puts one result
-into the queue, as the worker does (not timed), and times the ``get_nowait`` that NVRx's
-finalize makes on either queue (this thread's connection to the manager serves every queue
-of that manager: no extra cost). Prints the median,
-90th percentile and maximum in milliseconds, and the NVRx version.
+``--saves`` saves (a writer of its own each, as Megatron makes one), times the fix's two
+wrappers around stand-ins for NVRx's methods: ``prepare`` (the wrapper of
+``prepare_write_data``, whose NVRx part only sets NVRx's shared queue: what the save's
+schedule blocks on), ``finalize`` (the wrapper of ``retrieve_write_results``, less NVRx's
+``get_nowait``, timed apart as ``get_nowait``) and ``drop`` (the writer let go: the last
+reference to its queue). Between them it puts one result into the queue, as the worker does
+(not timed). Unless ``--back-to-back``, after its ``prepare`` and after its ``drop`` each save
+waits, untimed, until the fix's thread has the next queue ready (``ahead``: how long that
+took after ``prepare``) and nothing left to let go, and 5 ms more: a save's finalize comes
+seconds after its schedule, and the next save seconds after that. The code before that
+thread has none, and each save makes its queue in ``prepare``. Prints the median,
+90th percentile and maximum in milliseconds, the first save apart, and the NVRx version.
 """
 
 import argparse
@@ -18,7 +24,6 @@ import gc
 import json
 import statistics
 import time
-import types
 
 
 def shared_queue():
@@ -36,37 +41,79 @@ def summary(samples):
             "max_ms": round(ordered[-1] * 1e3, 3)}
 
 
+class Writer:
+    """A stand-in for NVRx's writer: what the fix reads and sets."""
+
+    results_queue = None
+
+
+def settle(own_results, timeout=10.0):
+    """Seconds until the fix's thread has the next queue ready and nothing left to let go
+    (0: it has no such thread); then 5 ms more for the manager to be idle, as it is between
+    a save's schedule and its finalize, and between saves, seconds apart."""
+    ahead = getattr(own_results, "_ahead", None)
+    start = time.perf_counter()
+    while ahead is not None and (ahead.spare is None or ahead.done) and \
+            time.perf_counter() - start < timeout:
+        time.sleep(0.0002)
+    took = time.perf_counter() - start
+    time.sleep(0.005)
+    return took
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--saves", type=int, default=500)
+    parser.add_argument("--back-to-back", action="store_true",
+                        help="no wait for the next queue between saves")
     args = parser.parse_args()
     from importlib import metadata
 
-    from nvrx_ipc_fix.core import shapes
+    from nvrx_ipc_fix.fixes import own_results
 
-    writer = types.SimpleNamespace(results_queue=shared_queue())
-    shared = writer.results_queue
-    make, get, drop = [], [], []
-    for _ in range(args.saves):
-        writer.results_queue = shared  # as NVRx's prepare_write_data leaves it
+    shared = shared_queue()
+    times = {name: [] for name in ("prepare", "finalize", "get_nowait", "drop", "ahead")}
+
+    for _ in range(args.saves + 1):
+        writer, got = Writer(), []
+
+        def prepare(writer=writer):
+            writer.results_queue = shared  # as NVRx's prepare_write_data leaves it
+
+        def retrieve(writer=writer, got=got):
+            start = time.perf_counter()
+            result = writer.results_queue.get_nowait()
+            got.append(time.perf_counter() - start)
+            return result
+
         start = time.perf_counter()
-        shapes.own_results_queue(writer)
-        made = time.perf_counter()
+        own_results.prepare_write_data_wrapper(prepare, writer, (), {})
+        prepared = time.perf_counter()
+        ahead = 0.0 if args.back_to_back else settle(own_results)
         writer.results_queue.put({0: []})  # the worker's put (in the worker, not timed)
-        before_get = time.perf_counter()
-        writer.results_queue.get_nowait()
-        got = time.perf_counter()
-        writer.results_queue = None  # the writer is dropped: the proxy's decref
+        before = time.perf_counter()
+        own_results.retrieve_write_results_wrapper(retrieve, writer, (), {})
+        finalized = time.perf_counter()
+        del writer, prepare, retrieve  # the writer and its request are let go
         dropped = time.perf_counter()
-        make.append(made - start)
-        get.append(got - before_get)
-        drop.append(dropped - got)
+        for name, value in (("prepare", prepared - start), ("get_nowait", got[0]),
+                            ("finalize", finalized - before - got[0]),
+                            ("drop", dropped - finalized)):
+            times[name].append(value)
+        times["ahead"].append(ahead)
+        if not args.back_to_back:
+            settle(own_results)
+    first = {name: round(values.pop(0) * 1e3, 3) for name, values in times.items()}
+    time.sleep(0.5)
     gc.collect()
+    time.sleep(0.5)  # the thread has let go of the last save's queue
+    added = [sum(values) for values in zip(times["prepare"], times["finalize"], times["drop"])]
     print(json.dumps({"nvrx": metadata.version("nvidia-resiliency-ext"), "saves": args.saves,
+                      "back_to_back": args.back_to_back,
                       "left_in_manager": shared._manager._number_of_objects() - 1,
-                      "make": summary(make), "drop": summary(drop),
-                      "added": summary([m + d for m, d in zip(make, drop)]),
-                      "get_nowait": summary(get)}))
+                      "first_save_ms": first,
+                      **{name: summary(values) for name, values in times.items()},
+                      "added": summary(added)}))
 
 
 if __name__ == "__main__":

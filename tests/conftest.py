@@ -36,15 +36,20 @@ EXPECT = {
     #        daemon: the persistent worker is daemonic by default (multiprocessing's exit
     #        handler SIGTERMs it)
     #        sigterm: close(abort=True) SIGTERMs the worker and waits sigterm_timeout for it
+    #        snapshots: the writer copies every CPU tensor of a save (PR #376); else the worker
+    #        writes the trainer's own, changed after the schedule (torn)
     "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False,
-                  warmup=False, daemon=False, sigterm=False),
+                  warmup=False, daemon=False, sigterm=False, snapshots=False),
     "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=True,
-                  warmup=False, daemon=False, sigterm=False),
+                  warmup=False, daemon=False, sigterm=False, snapshots=False),
     "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False, worker_loop=True,
-                  warmup=True, daemon=True, sigterm=False),
+                  warmup=True, daemon=True, sigterm=False, snapshots=False),
     "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True, worker_loop=True,
-                  warmup=True, daemon=True, sigterm=True),
+                  warmup=True, daemon=True, sigterm=True, snapshots=True),
 }
+#: NVRx's main at d8686d9 (2026-08-07), built from its repository for one run of the NVRx
+#: tests (docs/versions.md, "NVRx's main"): 0.7.0's code but for the CPU snapshots.
+EXPECT["0.7.0.dev89+d8686d9"] = dict(EXPECT["0.7.0"], snapshots=False)
 try:
     MCORE = metadata.version("megatron-core")
 except metadata.PackageNotFoundError:
@@ -442,6 +447,19 @@ def pytest_sessionstart(session):
 def pytest_collection_finish(session):
     if _zygote:
         _zygote[0].wait_ready()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group
+def pytest_collection_modifyitems(items):
+    """Tests that share a module-scoped fixture (a scenario run once, asserted on by several
+    tests) go to one xdist worker, which then runs it once (``--dist loadgroup``, tox.ini)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        for name in info.names_closure if info else ():
+            defs = info.name2fixturedefs.get(name)
+            if defs and defs[-1].scope == "module":
+                item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{name}"))
+                break
 
 
 def pytest_runtest_logreport(report):

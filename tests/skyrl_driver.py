@@ -209,7 +209,7 @@ def waiting_in():
     return frame and frame.f_code.co_name
 
 
-class Watchdog(driver._Watchdog):
+class Watchdog(driver.Watchdog):
     """``scenario``'s watchdog (a step past ``timeout``, or a few seconds past its worker's
     death, is the hang), but the seconds after a death count only while the main thread is
     in NVRx's queue code (``NVRX_CORE``), where it waits on the worker: a step may take
@@ -271,7 +271,7 @@ class Watchdog(driver._Watchdog):
             self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
                                    "worker_died": died, "stranded": stranded,
                                    "waiting_in": waiting_in()}
-            self.report["fix"] = driver._fix_states()
+            self.report["fix"] = driver.fix_states()
             scenario.HUNG.set()
             print(json.dumps(self.report), flush=True)
             self.ended("hung")
@@ -302,7 +302,7 @@ def main(argv):
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
                             init_method=f"file://{directory}/pg")
     report = {"steps": steps, "rank": rank, "errors": [], "hang": None,
-              "fix": driver._fix_states(), "package": nvrx_ipc_fix.__file__,
+              "fix": driver.fix_states(), "package": nvrx_ipc_fix.__file__,
               "started_s": round(time.monotonic() - STARTED, 2), "step_s": [], "workers": []}
     run = Run(directory, rank, args.world_size)
     watchdog = Watchdog(run, report, args.timeout, directory, rank, args.world_size)

@@ -108,10 +108,13 @@ def test_the_wheel_puts_the_startup_files_at_its_root_and_in_record(wheel):
 def test_the_wheel_ships_what_users_run_and_no_test_harness(wheel):
     """The demo's and ``selftest``'s driver and CUDA stand-in, the ``py.typed`` marker (users'
     type checkers read the package's annotations, PEP 561), and nothing of the tests' harness
-    (``tests/harness``: faults, the driver's stand-in, the scenario's extra steps)."""
+    (``tests/harness``: faults, the driver's stand-in, the scenario's extra steps), nor a
+    module that names it (a hook for it to set)."""
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()
         modules = sorted(n for n in names if n.endswith(".py"))
+        naming = [n for n in modules if "harness" in whl.read(n).decode()]
+    assert naming == []
     assert {"nvrx_ipc_fix/cli/driver.py", "nvrx_ipc_fix/cli/fakecuda.py",
             "nvrx_ipc_fix/cli/runner.py"} <= set(modules)
     assert "nvrx_ipc_fix/py.typed" in names, names

@@ -33,6 +33,10 @@ def test_json_status_matches_the_installed_nvrx():
     assert fixes.pop("prewarm") == ("not_applicable" if NVRX is None else
                                     "active" if EXPECT[NVRX]["warmup"] else "not_applicable")
     assert fixes.pop("own_results") == ("not_applicable" if NVRX is None else "active")
+    # NVRx's writer, and megatron-core's (never imported here: pending where installed)
+    assert fixes.pop("cpu_snapshot") == (
+        "active" if NVRX and not EXPECT[NVRX]["snapshots"] else "pending" if MCORE
+        else "not_applicable" if NVRX is None else "fixed_upstream")
     if NVRX is None:  # nothing to wait for (test_a_target_waits_only_for_what_is_installed)
         assert fixes == {"clear_on_close": "not_applicable", "stale_guard": "not_applicable",
                          "release_on_offload": "not_applicable", "suspend": "not_applicable"}
@@ -57,9 +61,18 @@ def test_table_and_no_import():
     status = json.loads(cli("status", "--json", "--no-import"))
     core = [t for t in status["targets"] if t["target"].startswith("nvidia_resiliency_ext")]
     assert {t["state"] for t in core} == {"pending" if NVRX else "not_applicable"}
-    rows = cli("--no-import").split("\ntargets:\n")[1].split("\n\n")[0].splitlines()
-    assert [row.split()[:3] for row in rows] == [[t["fix"], t["target"], t["state"]]
-                                                 for t in status["targets"]]  # a fix column
+    table = cli("--no-import")
+    # lines of at most 100 characters, but where one word (a module's name) is longer
+    assert all(len(line) <= 100 or " " not in line.strip() for line in table.splitlines()), table
+    rows, module = [], None
+    for line in table.split("\ntargets, by module")[1].split("\n\n")[0].splitlines()[1:]:
+        if not line.startswith("    "):
+            module = line.strip()  # a module's heading
+        elif not line.startswith("      "):  # a target's row (a reason is indented further)
+            fix, state, attr = line.split()
+            rows.append([fix, f"{module}:{attr}", state])
+    assert sorted(rows) == sorted([t["fix"], t["target"], t["state"]]
+                                  for t in status["targets"])  # a fix column
 
 
 @pytest.mark.skipif(not (NVRX and EXPECT[NVRX]["cache"]), reason="doctor says it only where "
@@ -125,7 +138,7 @@ def test_print_status_is_the_table_and_its_repr_one_short_line():
         print(json.dumps([str(s), s.table(), repr(s), [f.name for f in s.fixes]]))
     """)
     text, table, short, fixes = seen
-    assert text == table and text.startswith("nvrx-ipc-fix ") and "\ntargets:\n" in text
+    assert text == table and text.startswith("nvrx-ipc-fix ") and "\ntargets, by module" in text
     assert "\n" not in short and len(short) < 400, short
     assert short.startswith("<Status nvrx-ipc-fix ") and all(f in short for f in fixes), short
 
@@ -374,3 +387,19 @@ def test_json_before_or_after_the_sub_command(tmp_path):
         rc, out, err = run(*args)
         assert rc == 2 and "error: " in err and out == "", (args, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["python2.7"]  # nothing written
+
+
+@pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
+@pytest.mark.parametrize("args, usage", [
+    (["doctor", "--bogus"], "python -m nvrx_ipc_fix doctor [-h]"),
+    (["status", "--bogus"], "python -m nvrx_ipc_fix status [-h]"),
+    (["bundle", "dir", "--bogus"], "python -m nvrx_ipc_fix bundle [-h]"),
+    (["--bogus"], "python -m nvrx_ipc_fix [-h]"),
+])
+def test_an_unknown_argument_prints_its_sub_commands_usage(tmp_path, args, usage):
+    """The usage of the sub-command the argument was given to (``doctor --bogus`` printed
+    the top-level usage), exit 2, nothing written."""
+    args = [str(tmp_path / a) if a == "dir" else a for a in args]
+    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", *args])
+    assert rc == 2 and out == "" and err.startswith(f"usage: {usage}"), err
+    assert "unrecognized arguments: --bogus" in err and not list(tmp_path.iterdir()), err

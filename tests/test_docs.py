@@ -1,5 +1,5 @@
 """The layout the docs draw names what is in the sources: README's code layout line every
-subpackage, docs/architecture.md's rooms every module; and no file names a number of the
+subpackage, docs/architecture.md's list of modules every module; and no file names a number of the
 project's own tracker, which no reader can look up."""
 
 import os
@@ -23,7 +23,7 @@ def test_readme_s_layout_line_names_every_subpackage():
 
 def test_the_architecture_page_names_every_module():
     text = (ROOT / "docs" / "architecture.md").read_text()
-    layout = text.split("## The rooms", 1)[1].split("```", 2)[1]
+    layout = text.split("## The modules", 1)[1].split("```", 2)[1]
     blocks = dict(re.findall(r"^  (\w+)/ +(.*?)(?=^  \w+/|^src/_|\Z)", layout, re.M | re.S))
     assert sorted(blocks) == SUBPACKAGES
     missing = [f"{package}/{module.stem}.py" for package in SUBPACKAGES

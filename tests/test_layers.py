@@ -1,4 +1,4 @@
-"""The package's rooms and the way their imports point (docs/architecture.md): start-up and
+"""The package's layers and the way their imports point (docs/architecture.md): start-up and
 the public API at the top, then the fixes (``fixes/``, one module each), the worker's life
 (``worker/``: start, watch, standby, prewarm, suspend, release) and ``core/`` at the bottom,
 the machinery every fix shares. ``core`` imports nothing above it and names no module above

@@ -17,6 +17,7 @@ pytestmark = needs_nvrx
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 MEGATRON, BRIDGE = "megatron.training.async_utils", "megatron.bridge.training.checkpointing"
+MCORE_FS = "megatron.core.dist_checkpointing.strategies.filesystem_async"
 try:
     BRIDGE_DIST = metadata.version("megatron-bridge")
 except metadata.PackageNotFoundError:
@@ -78,12 +79,14 @@ def expected_steps(active, imported):
             "is_current_async_call_done": ["worker_watch"] * on,
             "schedule_async_request": (["suspend"] * cache + ["prewarm"] * warmup
                                        + ["worker_watch"] * on),
-            # a rank says it runs the package (worker_watch), a planned key stays valid
-            # (clear_on_close), stale storage is re-sent (stale_guard), the save gets a
-            # results queue of its own (own_results: every NVRx's writer shares one)
-            "prepare_write_data": (["worker_watch"] * on + ["clear_on_close"] * cache
+            # a planned key stays valid (clear_on_close), stale storage is re-sent
+            # (stale_guard), the save gets a results queue of its own (own_results: every
+            # NVRx's writer shares one), the CPU tensors are copied (cpu_snapshot: where NVRx
+            # sends the trainer's own)
+            "prepare_write_data": (["clear_on_close"] * cache
                                    + ["stale_guard"] * (cache and not expect("upstream_ptrs"))
-                                   + ["own_results"] * on),
+                                   + ["own_results"] * on
+                                   + ["cpu_snapshot"] * (on and not expect("snapshots"))),
             "retrieve_write_results": ["own_results"] * on}
 
 
@@ -93,7 +96,8 @@ def expected_state(active, imported, key):
     module, attr = target.split(":")
     if not active:
         return "disabled"
-    if fix == "mcore_worker_watch" or (fix == "worker_watch" and module == MEGATRON):
+    if (fix == "mcore_worker_watch" or module == MCORE_FS
+            or (fix == "worker_watch" and module == MEGATRON)):
         return "pending" if MCORE else "not_applicable"  # megatron-core: never imported here
     if fix == "worker_watch" and module == BRIDGE:
         return "pending" if BRIDGE_DIST else "not_applicable"
@@ -110,6 +114,8 @@ def expected_state(active, imported, key):
         return "active" if expect("warmup") else "not_applicable"
     if fix == "own_results":
         return "active"  # every NVRx's writer shares one results queue
+    if fix == "cpu_snapshot":
+        return "fixed_upstream" if expect("snapshots") else "active"
     if not expect("cache"):
         return "not_applicable"
     if fix == "stale_guard" and expect("upstream_ptrs"):
@@ -187,11 +193,10 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
                 assert state != "disabled", (step, key)
     seen = log[-1][1]
     assert seen["prepare_write_data"]["steps"] == (
-        ["worker_watch"] * ("worker_watch" not in names)
-        + ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
+        ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
         + ["stale_guard"] * ("stale_guard" not in names and expect("cache")
                              and not expect("upstream_ptrs"))
-        + ["own_results"])
+        + ["own_results"] + ["cpu_snapshot"] * (not expect("snapshots")))
     assert seen["close"]["steps"] == (["suspend"] * expect("cache")
                                       + ["clear_on_close"] * ("clear_on_close" not in names
                                                               and expect("cache"))

@@ -173,6 +173,37 @@ def test_a_stopped_worker_is_reported_while_another_process_of_the_rank_is_busy(
     assert "makes progress again" in recovered and at >= continued, (continued, lines.lines)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="samples /proc")
+def test_a_busy_results_manager_is_no_progress_of_a_stopped_worker(monkeypatch):
+    """The results-queue manager the worker may wait on also serves the trainer (``own_results``
+    makes the next save's queue ahead): while the worker is stopped, the manager's work is not
+    the worker's, and the WARNING that it makes progress again comes only after SIGCONT (CI
+    saw it 1.3 s before the SIGCONT when the manager counted)."""
+    monkeypatch.setenv("NVRX_IPC_FIX_STALL_TIMEOUT", "1")
+    manager, worker, lines = Writer(), Writer(), Lines()
+    monkeypatch.setattr(_monitor, "watched", lambda process: [process.pid, manager.pid])
+    os.kill(worker.pid, signal.SIGSTOP)
+    _monitor.logger.addHandler(lines)
+    try:
+        with _monitor.watching("the finalize of save #1", lambda: worker):
+            assert lines.error.wait(30), lines.lines
+            before = _monitor.progress(manager.pid)
+            while _monitor.progress(manager.pid) == before:  # the manager works meanwhile
+                time.sleep(0.05)
+            time.sleep(1.5)  # beyond a tick of the watch (half the bound)
+            assert not lines.warning.is_set(), lines.lines
+            continued = time.monotonic()
+            os.kill(worker.pid, signal.SIGCONT)
+            assert lines.warning.wait(30), lines.lines
+    finally:
+        _monitor.logger.removeHandler(lines)
+        manager.end()
+        worker.end()
+    at, warning, recovered = lines.lines[1]
+    assert warning == "WARNING" and "makes progress again" in recovered, lines.lines
+    assert at >= continued, (continued, lines.lines)
+
+
 @needs_nvrx
 def test_the_stall_watch_samples_nvrx_s_results_queue_manager_with_the_worker():
     """The worker's writes wait on NVRx's results-queue manager, a process of the trainer's

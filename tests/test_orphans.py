@@ -464,7 +464,8 @@ def test_without_pidfds_the_pipe_s_eof_is_the_trainer_s_death():
             worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
             read, write = os.pipe()
             guardian = subprocess.Popen([sys.executable, "-S", "-I", "-c", BOOT, PROGRAM,
-                                         str(os.getpid())], stdin=read, close_fds=True)
+                                         str(os.getpid())], stdin=read, close_fds=True,
+                                        stdout=subprocess.DEVNULL)
             os.close(read)
             os.write(write, f"{worker.pid} {start_time(worker.pid)}\\n".encode())
             deadline = time.monotonic() + 60  # until the guardian has read it: it watches

@@ -9,7 +9,7 @@ from conftest import needs_nvrx, run_python
 
 def test_every_step_has_its_place_in_its_call_and_every_place_a_step():
     from nvrx_ipc_fix.core.fix_names import FIXES
-    from nvrx_ipc_fix.core.targets import CALLS, QUEUE, SCHEDULE, TARGETS
+    from nvrx_ipc_fix.core.targets import CALLS, CLOSE, QUEUE, SCHEDULE, TARGETS
 
     for target in TARGETS:
         assert target.fix in CALLS[target.name].order, target
@@ -17,9 +17,11 @@ def test_every_step_has_its_place_in_its_call_and_every_place_a_step():
         assert len(set(call.order)) == len(call.order) and set(call.order) <= set(FIXES), call
         for fix in call.order:
             assert any(t.fix == fix and t.name == call.name for t in TARGETS), (call, fix)
-        assert call.region in (None, QUEUE, SCHEDULE), call
-        if call.region in (QUEUE, SCHEDULE):  # its self is the queue whose lock it holds
+        assert call.region in (None, QUEUE, SCHEDULE, CLOSE), call
+        if call.region in (QUEUE, SCHEDULE, CLOSE):  # its self is the queue whose lock it holds
             assert call.attr.startswith("AsyncCallsQueue."), call
+        if call.region == CLOSE:  # an abort never waits for a save: the close alone may
+            assert call.attr == "AsyncCallsQueue.close", call
 
 
 RUN = """
@@ -75,7 +77,7 @@ def test_each_call_runs_its_steps_in_the_table_s_order_inside_its_region():
         if runs:
             # each call ran every step in place, outermost first, as often as it was called
             assert runs == steps * (len(runs) // len(steps)), (name, runs)
-        if region in ("queue", "schedule"):
+        if region in ("queue", "schedule", "close"):
             assert all(held for _, called, held in seen["ran"] if called == function), name
     schedule = [fix for fix, called, _ in seen["ran"]
                 if called == "AsyncCallsQueue.schedule_async_request"]

@@ -25,7 +25,6 @@ SLIME = f"""
     from megatron.training.global_vars import set_args
     from slime.backends.megatron_utils.actor import MegatronTrainRayActor
     from harness import scenario as _s
-    from nvrx_ipc_fix.cli import driver as _d
     set_args(argparse.Namespace(async_save=True))
 
     def _save_model(trainer):
@@ -33,15 +32,15 @@ SLIME = f"""
         actor = MegatronTrainRayActor()
         actor.args = types.SimpleNamespace(offload_train=True, async_save=True)
         actor.pause, actor.resume = trainer.offload, trainer.onload
-        actor.save = lambda rollout_id: _d._step(trainer, _REPORT, rollout_id, "save-async")
+        actor.save = lambda rollout_id: _s._step(trainer, _REPORT, rollout_id, "save-async")
         actor.save_model(len(_REPORT["saves"]))
 
-    _REPORT, _original_step = None, _d._step
+    _REPORT, _original_step = None, _s._step
     def _step(trainer, report, *rest):  # keeps the report, which save_model's save adds to
         global _REPORT
         _REPORT = report
         return _original_step(trainer, report, *rest)
-    _d._step = _step  # the driver's run() calls it
+    _s._step = _step  # the scenario's run() calls it
     _s.EXTRA_STEPS["save_model"] = _save_model
 """
 # slime starts awake (the first wake_up finds nothing paused); each save_model ends asleep

@@ -478,7 +478,7 @@ def test_no_deadline_release_timeout_inf_suspends_and_resumes():
 INTERRUPTED = """
     import json, tempfile
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.worker import suspend
+    from nvrx_ipc_fix.worker import cuda_checkpoint, suspend
     from harness import fakedriver, scenario
 
     trainer = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
@@ -490,12 +490,12 @@ INTERRUPTED = """
     def interrupted(pid, args):
         raise KeyboardInterrupt
 
-    def load():
+    def load(in_use=True):
         driver, why = stand_in.load()
         driver._api["cuCheckpointProcessCheckpoint"] = interrupted
         return driver, why
 
-    suspend.load_driver = load
+    cuda_checkpoint.load = load
 """
 
 

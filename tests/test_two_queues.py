@@ -12,7 +12,7 @@ nothing is raised. A save counts only when it loads with every value current.
 
 import pytest
 
-from conftest import needs_nvrx, run_python
+from conftest import NVRX, lacks, needs_nvrx, run_python, scenario
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -22,10 +22,12 @@ TRAINERS = """
     from harness import gates, scenario
 
     directory = tempfile.mkdtemp()
+    # elements per tensor: 512, or as a run on a GPU asks (NVRX_TESTS_NUMEL; BENCHMARKS.md)
+    NUMEL = int(os.environ.get("NVRX_TESTS_NUMEL", "512"))
 
     def trainer(name, count, **options):
         os.makedirs(os.path.join(directory, name))
-        made = scenario.Trainer(os.path.join(directory, name), n_tensors=count, numel=512,
+        made = scenario.Trainer(os.path.join(directory, name), n_tensors=count, numel=NUMEL,
                                 starts="forkserver", **options)
         made.names = [f"{name}{i}" for i in range(count)]  # what each loads back
         made.replace()
@@ -170,7 +172,7 @@ def test_two_threads_each_saving_on_its_own_queue():
 NO_QUEUE = """
     from nvrx_ipc_fix.core import shapes
 
-    def own_results_queue(writer):
+    def own_results_queue(writer, made=None):
         raise RuntimeError("no queue of its own (test)")
 
     shapes.own_results_queue = own_results_queue  # the package's own defect
@@ -222,3 +224,174 @@ def test_without_queues_of_their_own_saves_in_flight_at_once_raise():
                for o in raised), report
     assert report["out"][2:] == [0] * 4, report
     assert len(report["warnings"]) == 1 and report["state"] == "error", report
+
+
+ABORTED = TRAINERS + """
+    import inspect
+    a = trainer("A", 8)
+    done = os.path.join(directory, "done")
+    a.gate = (None, done)
+    a.save(wait=False)
+    gates.wait_for(done)  # its write is done and its results are in their queue
+    a.queue.close(abort=True)  # an in-process restart aborts it, never finalized
+    b = trainer("B", 3)  # the restarted job's queue and state
+    out = [outcome(b, *b.save()[2:]) for _ in range(2)]
+    b.close()
+    print(json.dumps({"out": out}))
+"""
+
+
+@pytest.mark.skipif(NVRX == "0.4.1", reason=lacks("has no close(abort=True)"))
+@pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
+def test_a_save_after_an_aborted_one_takes_its_own_results(fix):
+    """An in-process restart (Megatron-Bridge's) aborts a save whose write is done but not
+    finalized; the next job's saves, on a new queue, load. Without ``own_results`` the next
+    save's finalize takes the aborted save's results from NVRx's one queue and its checkpoint
+    does not load, silently: what Megatron-Bridge PR #5842 fixes in Bridge by resetting
+    NVRx's results queue after an abort."""
+    env = None if fix else {"NVRX_IPC_FIX_DISABLE": "own_results"}
+    report = run_python(ABORTED, env=env, timeout=240)
+    if fix:
+        assert report["out"] == [0, 0], report
+    else:
+        assert str(report["out"][0]).startswith("unloadable"), report
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
+def test_the_save_in_flight_when_the_manager_dies_raises_once_and_the_next_saves_load(fix):
+    """NVRx's results-queue manager SIGKILLed (the OOM killer) while a save is in flight:
+    that save's finalize raises once (its results cannot come back), a second finalize raises
+    nothing, and the saves after it start a new manager and load. Without the package NVRx
+    waits for ever (0.4.1-0.7.0)."""
+    report = scenario(["save", "save-async", "kill-manager", "finalize", "save?", "save?"],
+                      fix=fix, timeout=60)
+    assert report["saves"][0]["stale"] == 0, report
+    if not fix:
+        assert report["hang"] is not None and report["hang"]["step"] >= 3, report
+        return
+    assert report["hang"] is None, report
+    fault = report["faults"][0]
+    assert fault["error"] is not None and fault["again"] is None, fault
+    assert [call["error"] for call in report["calls"]] == [None, None], report["calls"]
+    assert [save["stale"] for save in report["saves"][2:]] == [0, 0], report["saves"]
+
+
+AHEAD = """
+    import collections, json, tempfile, threading
+    from multiprocessing import managers
+    import nvrx_ipc_fix
+    from harness import scenario
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async as fs
+
+    made = collections.Counter()  # queues made by NVRx's manager, by thread
+    queue = managers.SyncManager.Queue
+
+    def counted(self, *args, **kwargs):
+        made[threading.current_thread().name] += 1
+        return queue(self, *args, **kwargs)
+
+    managers.SyncManager.Queue = counted
+    trainer = scenario.Trainer(tempfile.mkdtemp(), n_tensors=4, numel=256, starts="forkserver")
+    out = []
+    for _ in range(5):
+        _, _, path, version = trainer.save()
+        out.append(trainer.stale_tensors(path, version))
+    shared = (getattr(fs, "get_write_results_queue", None) or fs._get_write_results_queue)()
+    held = shared._manager._number_of_objects()
+    trainer.close()
+    print(json.dumps({"out": out, "made": made, "held": held}))
+"""
+
+
+def test_the_next_save_s_queue_is_made_off_the_training_thread():
+    """After the first save, no queue is made on the training thread: the fix's thread made
+    it after the previous save, and lets each finalized save's queue go. The manager holds
+    NVRx's queue and at most the next save's and the last save's (not yet let go)."""
+    report = run_python(AHEAD, timeout=300)
+    assert report["out"] == [0] * 5, report
+    assert report["made"].get("MainThread", 0) <= 2, report  # NVRx's own; the first save's
+    assert report["made"].get("nvrx_ipc_fix results queues", 0) >= 4, report
+    assert report["held"] <= 3, report
+
+
+def test_the_new_manager_becomes_nvrx_s_own():
+    """After NVRx's manager died, the new one is NVRx's: ``get_write_results_queue()`` (or
+    0.4.1's and 0.5.0's ``_get_write_results_queue()``) gives a queue of it, which works."""
+    found = run_python("""
+        import json, os, signal, tempfile
+        from harness import scenario
+        from nvrx_ipc_fix.core import shapes
+        from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async as fs
+
+        trainer = scenario.Trainer(tempfile.mkdtemp(), n_tensors=4, numel=256,
+                                   starts="forkserver")
+        trainer.save()
+        first = shapes.results_manager_process(fs)
+        os.kill(first.pid, signal.SIGKILL)
+        first.join()
+        _, _, path, version = trainer.save()
+        queue = (getattr(fs, "get_write_results_queue", None) or fs._get_write_results_queue)()
+        queue.put("ok")
+        print(json.dumps({"stale": trainer.stale_tensors(path, version), "got": queue.get(),
+                          "new": shapes.results_manager_process(fs).pid != first.pid}))
+        trainer.close()
+    """, timeout=300)
+    assert found == {"stale": 0, "got": "ok", "new": True}, found
+
+
+def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
+    """After saves (the fix's thread has the next queue ready), a child of ``os.fork()``
+    gives its own writer a queue of a manager of its own, through a thread of its own, and
+    exits at once, though a thread of the parent's held ``multiprocessing``'s lock of
+    proxies at the fork (as the fix's thread does while it makes a queue); the parent's
+    next saves take theirs and load."""
+    found = run_python("""
+        import json, multiprocessing, os, tempfile, threading, time
+        from multiprocessing import managers
+        from harness import scenario
+        from nvrx_ipc_fix.fixes import own_results
+
+        trainer = scenario.Trainer(tempfile.mkdtemp(), n_tensors=4, numel=256,
+                                   starts="forkserver")
+        out = [trainer.stale_tensors(*trainer.save()[2:]) for _ in range(2)]
+        answer, tell = os.pipe()
+        held, done = threading.Event(), threading.Event()
+
+        def hold():  # as the fix's thread may hold it, making a queue, at the fork
+            with managers.BaseProxy._mutex:
+                held.set()
+                done.wait()
+
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
+        pid = os.fork()
+        done.set()
+        if pid == 0:
+            try:
+                class Writer:
+                    results_queue = multiprocessing.get_context("fork").Manager().Queue()
+
+                writer = Writer()
+                own_results.prepare_write_data_wrapper(lambda: None, writer, (), {})
+                writer.results_queue.put("mine")
+                got = own_results.retrieve_write_results_wrapper(
+                    writer.results_queue.get_nowait, writer, (), {})
+                threads = [t.name for t in threading.enumerate()]
+                os.write(tell, json.dumps([got, threads.count(
+                    "nvrx_ipc_fix results queues")]).encode())
+            except BaseException as exc:
+                os.write(tell, json.dumps([repr(exc), None]).encode())
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + 60
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                raise AssertionError("the child did not exit: it waits for a lock")
+            time.sleep(0.05)
+        child = json.loads(os.read(answer, 65536))
+        out += [trainer.stale_tensors(*trainer.save()[2:]) for _ in range(2)]
+        trainer.close()
+        print(json.dumps({"child": child, "out": out}))
+    """, timeout=300)
+    assert found == {"child": ["mine", 1], "out": [0] * 4}, found

@@ -40,7 +40,7 @@ CONTRACT = r"""
         if impl == "mcore":  # on the CPU its worker must be forked (module doc)
             core.AsyncCallsQueue.warmup_persistent_caller(0, "fork")
             return core.AsyncCallsQueue(persistent=True)
-        return core.AsyncCallsQueue(**driver._kwargs_accepted(
+        return core.AsyncCallsQueue(**driver.kwargs_accepted(
             core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=True))
 
     def reset(queue):

@@ -42,8 +42,8 @@ class StandIn:
         self.states = {}  # pid -> CUprocessState, for the pids a call reached
         self.calls = []  # (name, pid), in order
 
-    def load(self):
-        """What ``worker.suspend.load_driver`` returns: ``(Driver, None)`` or ``(None, why)``."""
+    def load(self, in_use=True):
+        """What ``cuda_checkpoint.load`` returns: ``(Driver, None)`` or ``(None, why)``."""
         if "absent" in self.faults:
             return None, "this CUDA driver has no process checkpoint API (stand-in)"
         return cc.Driver({
@@ -132,8 +132,6 @@ def _proc_state(pid):
 
 def install(faults=()):
     """Make ``worker.suspend`` open this stand-in instead of ``libcuda``; returns it."""
-    from nvrx_ipc_fix.worker import suspend
-
     stand_in = StandIn(faults)
-    suspend.load_driver = stand_in.load
+    cc.load = stand_in.load
     return stand_in

@@ -1,9 +1,21 @@
-"""The tests' harness: the demo's driver (``nvrx_ipc_fix.cli.driver``: a trainer rank, its
-steps, the watchdog, the report) with what the tests add: worker faults, NVRx's workers from
-a forkserver, and the steps below.
+"""The tests' harness: a trainer rank on the real NVRx worker, built on the demo's driver
+(``nvrx_ipc_fix.cli.driver``: its trainer, steps and watchdog), with what the tests add:
+several ranks, megatron-core's queue, a training loop's finalize, worker faults, NVRx's
+workers from a forkserver, and the steps below.
 
-``python -m harness.scenario --steps save,fault-kill,save`` (``tests/`` on the path) runs as
-the driver does, with ``--starts``. Steps added here: ``fault-<kind>`` or
+``python -m harness.scenario --steps save,fault-kill,save`` (``tests/`` on the path) runs one
+trainer rank and prints one JSON object, its report; ``run`` does the same in this process.
+``--rank``/``--world-size`` (default: torchrun's ``RANK``/``WORLD_SIZE``) and ``--dir`` (the
+directory the ranks share) run one rank of several; ``--impl mcore`` uses megatron-core's own
+``AsyncCallsQueue``; ``--finalize poll`` finalizes as a training loop does (``blocking=False``
+every 50 ms until nothing is pending); ``--no-dist`` passes ``no_dist=True``; ``--no-cache``
+saves with ``use_cached_data_structure=False`` (the reference); ``--starts forkserver``
+starts NVRx's workers from a forkserver (``start_workers_from_forkserver``).
+
+Steps: the driver's (``save``, ``replace``, ``offload``, ``onload``, ``measure``, which here
+also counts the checkpoint workers and, on a GPU, the device memory used and each worker's,
+``close``, ``flush``, ``terminate``, ``restart``, ``suspend``), and ``save-async`` (a save left
+pending until a later step finalizes it), ``sleep<seconds>``, ``fault-<kind>`` or
 ``fault-<kind>@<rank>`` (a save whose worker fails as ``harness.faults.KINDS`` says, on every
 rank or only on ``<rank>``; the others save normally; the exception each rank saw is
 reported, and a rank whose save could not be handed over then finalizes, as a training loop
@@ -15,29 +27,38 @@ test late activation), ``offloading-<strategy>`` (offload, measure and onload in
 ``nvrx_ipc_fix.offloading(strategy=...)``), ``prewarm`` (``nvrx_ipc_fix.prewarm``), ``ready``
 (wait until the prewarmed worker answered; how long it took to start, its parent),
 ``standby`` (wait until the standby restart's workers are forked from is ready),
-``kill-standby`` (SIGKILL it), ``env-change`` (set a variable), ``user-forkserver`` (what a
-child the user starts with ``get_context("forkserver")`` saw), ``driver`` and
-``driver-<faults>`` (suspend through ``fakedriver``), ``resumed`` (wait for a resumed
-worker), ``probe`` (ask the worker what it holds: its pid, cached keys and mapped
+``kill-standby`` (SIGKILL it), ``kill-manager`` (SIGKILL NVRx's results-queue manager, as
+the OOM killer would, and wait until it is gone), ``env-change`` (set a variable),
+``user-forkserver`` (what a child the user starts with ``get_context("forkserver")`` saw),
+``driver`` and ``driver-<faults>`` (suspend through ``fakedriver``), ``resumed`` (wait for a
+resumed worker), ``probe`` (ask the worker what it holds: its pid, cached keys and mapped
 shared-memory segments), ``resources`` (what this process holds: file descriptors, threads,
 semaphores), ``fork-exit`` (``os.fork()`` a child that exits at once with ``sys.exit(0)``;
 its exit code, how long its exit took, its stderr, and whether it hung: then where it
 waited, ``waits_in``, from the traceback ``faulthandler`` writes at SIGABRT),
 ``fork-close-exit`` (the same child closes the queue it inherited first, as NVRx's
-``__del__`` does when the queue is collected). A fault step, and a ``finalize`` step that
-raises, reports what was raised, by which call, which saves the error names as not saved,
-what is still pending after it, and what one more finalize then raises (nothing, by the
-protocol); a ``fault-stop`` also when its worker stopped itself, when it was seen stopped
-and when it was sent SIGCONT (``stopped``, on the clock of the log lines' ``t``). Any step
-but a fault, written ``<step>?``, may raise (a call the package finalizes in), and ``calls``
-reports what it raised. A hang report says where the main thread waits (``waits_in``: ``stacks``).
+``__del__`` does when the queue is collected). Tests add steps of their own to
+``EXTRA_STEPS`` (name -> function of the trainer).
+
+Any step written ``<step>@<rank>`` runs on that rank only; ``<step>#<name>`` also puts its
+entry in ``report["named"][name]``. A fault step, and a ``finalize`` step that raises,
+reports what was raised, by which call, which saves the error names as not saved, what is
+still pending after it, and what one more finalize then raises (nothing, by the protocol); a
+``fault-stop`` also when its worker stopped itself, when it was seen stopped and when it was
+sent SIGCONT (``stopped``, on the clock of the log lines' ``t``). Any step but a fault, written
+``<step>?``, may raise (a call the package finalizes in), and ``calls`` reports what it
+raised. The report also holds the package's WARNING and ERROR log lines (``log``), each
+fix's state, and its totals at the end; a hang report says where the main thread waits
+(``waits_in``: ``stacks``).
 """
 
+import argparse
 import dataclasses
 import faulthandler
 import gc
 import importlib
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -49,20 +70,25 @@ import time
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 from harness import faults, gates, stacks
-from nvrx_ipc_fix.cli import driver
-from nvrx_ipc_fix.cli.driver import HUNG, IMPLS, _add, _step, checkpoint_workers, step
+from nvrx_ipc_fix.cli import driver, fakecuda
+from nvrx_ipc_fix.cli.driver import HUNG, kwargs_accepted
 from nvrx_ipc_fix.worker.monitor import stat_fields
 
 import nvrx_ipc_fix
 
+FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
+#: ``--impl`` -> the module whose AsyncCallsQueue and AsyncRequest the trainer uses
+IMPLS = {"nvrx": driver.CORE, "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
 STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
 FORK_EXIT_BOUND = 20.0  # seconds a forked child may take to exit before it counts as hung
 #                        (0.06 s unloaded; it waits for ever where it hangs)
 CHANGED = "SCENARIO_ENV_CHANGED"  # the variable env-change sets
-EXTRA_STEPS = driver.EXTRA_STEPS  # where tests add their steps
-driver.where_waits = stacks.main  # a hang report names the main thread's frames
+#: Steps tests add: name -> function of the trainer (its entry goes to ``report["named"]``
+#: where the step is written ``<step>#<name>``)
+EXTRA_STEPS = {}
 
 
 def _stopped(process):
@@ -90,7 +116,7 @@ def start_workers_from_forkserver(core):
 
     os.environ.setdefault(config.STANDBY, "off")
     server = Context()
-    writer = importlib.import_module(driver.FS)
+    writer = importlib.import_module(FS)
     _fork_server(server)
     for module in (core, writer):
         module.mp = SpawnFrom(module.mp, server, every_thread=True)
@@ -133,27 +159,131 @@ def _fork_server(context):
 
 
 class Trainer(driver.Trainer):
-    """The driver's trainer, with worker faults (``inject``: ``faults.KINDS``), ``gate`` and
+    """The driver's trainer as rank ``rank`` of ``world_size``, on ``impl``'s queue, finalized
+    as ``finalize`` says, with worker faults (``inject``: ``faults.KINDS``), ``gate`` and
     ``starts``: how NVRx starts its workers, ``spawn`` (its own way) or ``forkserver``
     (``start_workers_from_forkserver``)."""
 
     def __init__(self, directory, n_tensors=8, numel=4096, cached=True, rank=0, world_size=1,
                  impl="nvrx", finalize="blocking", no_dist=False, starts="spawn"):
+        # the driver's set-up, generalized (its own is one rank on NVRx's queue): no super()
         if starts not in ("spawn", "forkserver"):
             raise ValueError(f"starts must be 'spawn' or 'forkserver', not {starts!r}")
+        if finalize not in ("blocking", "poll"):
+            raise ValueError(f"finalize must be 'blocking' or 'poll', not {finalize!r}")
+        self.core = importlib.import_module(IMPLS[impl])
+        self.cuda = torch.cuda.is_available()
         # megatron-core's worker is forked on the CPU; on a GPU, NVRx spawns its own (CUDA
         # cannot be used in a process forked from one that initialized it)
-        if starts == "forkserver" and impl == "nvrx" and not torch.cuda.is_available():
-            start_workers_from_forkserver(importlib.import_module(IMPLS[impl]))
+        if starts == "forkserver" and impl == "nvrx" and not self.cuda:
+            start_workers_from_forkserver(self.core)
+        if not self.cuda:
+            fakecuda.install(forked_worker=impl == "mcore")
+        self.directory, self.cached, self.numel = directory, cached, numel
+        self.names = [f"rank{rank}.layer{i}.weight" for i in range(n_tensors)]
+        self.owns_group = not dist.is_initialized()  # run() destroys the group it made
+        if self.owns_group:
+            if self.cuda:
+                torch.cuda.set_device(rank % torch.cuda.device_count())
+            # torchrun sets MASTER_ADDR/RANK/WORLD_SIZE; otherwise ranks meet in a shared file
+            init = "env://" if "MASTER_ADDR" in os.environ else f"file://{directory}/pg"
+            # NCCL refuses two ranks on one device: ranks that share one meet over gloo
+            nccl = self.cuda and world_size <= torch.cuda.device_count()
+            dist.init_process_group("nccl" if nccl else "gloo", rank=rank,
+                                    world_size=world_size, init_method=init)
+        self.queue = self.core.AsyncCallsQueue(**kwargs_accepted(
+            self.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
+        self.rank, self.impl = rank, impl
+        self.poll, self.no_dist = finalize == "poll", no_dist
+        self.finalize_calls = 0  # maybe_finalize_async_calls calls so far
+        if impl == "mcore":
+            self.warm_up()
+        elif not self.cuda:
+            fakecuda.mark_queue(self.queue)
+        self.pending = []  # (path, version) of saves scheduled but not finalized
+        self.phase = None  # "schedule" or "finalize" while a save runs
+        self.workers = [None, None]  # pids of the worker before and after the last schedule
+        self.call_idx = {}  # the queue's call_idx of each save -> its version
         # fault-stop's: the worker stopped itself, was seen stopped, was sent SIGCONT
         self.stop_window = [None, None, None]
         self.gate = None  # (gate, done): the next save's write waits and signals (gates)
-        super().__init__(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
-                         no_dist)
+        self.state, self.moves = {}, 0  # moves: how often the storage moved (replace, offload…)
+        self.replace()
+        self.version = 0
 
-    def inject(self, fault, path, save_fn, preload_fn):
-        """The request's functions with ``fault`` put in (see ``faults.KINDS``), and the
-        ``gate`` set for this save (``gates.gated``)."""
+    def replace(self):
+        super().replace()
+        self.moves += 1
+
+    def offload(self):
+        super().offload()
+        self.moves += 1
+
+    def onload(self):
+        super().onload()
+        self.moves += 1
+
+    def measure(self):
+        """The driver's measure, with how many checkpoint workers (processes) are alive; on a
+        GPU also the memory used on the whole device and the device memory (MiB) of each
+        worker that has any (``nvidia-smi``)."""
+        found = dict(super().measure(), device_used=None, workers_on_device=None)
+        workers = checkpoint_workers()
+        found["workers"] = len(workers)
+        if self.cuda:
+            free, total = torch.cuda.mem_get_info()
+            apps = on_device()
+            found.update(device_used=total - free, workers_on_device=None if apps is None else
+                         {str(pid): mib for pid, mib in apps.items() if pid in workers})
+        return found
+
+    def warm_up(self):
+        """megatron-core: start its worker now (as Megatron does at start-up). Its worker
+        sets a CUDA device first thing: on the CPU it is forked from here (``fakecuda``)."""
+        if self.impl == "mcore" and self.core.PersistentAsyncCaller._persistent_process is None:
+            self.core.AsyncCallsQueue.warmup_persistent_caller(
+                self.rank, "spawn" if self.cuda else "fork")
+
+    def save(self, wait=True, fault=None):
+        """Save new values; return (seconds blocked, seconds in total or None, path, version).
+
+        ``wait=False`` leaves the save pending (finalized by a later step); ``fault``: how the
+        worker fails during this save (``inject``)."""
+        self.warm_up()  # megatron-core after a failure: the next worker, as at start-up
+        path, version = self.fill()
+        start = time.perf_counter()
+        request = self.inject(fault, path, self.request(path))
+        self.phase = "schedule"
+        self.workers = [getattr(self.worker(), "pid", None), None]  # before and after
+        self.queue.schedule_async_request(request)
+        self.call_idx[self.queue.call_idx] = version
+        blocked = time.perf_counter() - start
+        self.workers[1] = getattr(self.worker(), "pid", None)
+        if not wait:
+            self.pending.append((path, version))
+            return blocked, None, path, version
+        self.finalize()
+        return blocked, time.perf_counter() - start, path, version
+
+    def finalize(self):
+        """Finalize every pending save: one blocking call, or (``poll``) a training loop's
+        non-blocking call every 50 ms until none is pending."""
+        self.phase = "finalize"
+        if self.poll:
+            while self.queue.get_num_unfinalized_calls():
+                self.finalize_calls += 1
+                self.queue.maybe_finalize_async_calls(blocking=False, no_dist=self.no_dist)
+                if self.queue.get_num_unfinalized_calls():
+                    time.sleep(0.05)
+        else:
+            self.finalize_calls += 1
+            self.queue.maybe_finalize_async_calls(blocking=True, no_dist=self.no_dist)
+        self.phase = None
+
+    def inject(self, fault, path, request):
+        """``request`` with ``fault`` put in (see ``faults.KINDS``), and the ``gate`` set for
+        this save (``gates.gated``)."""
+        save_fn, preload_fn = request.async_fn, request.preload_fn
         if self.gate is not None:
             save_fn, self.gate = partial(gates.gated, *self.gate, save_fn), None
         if fault == "preload":
@@ -181,11 +311,12 @@ class Trainer(driver.Trainer):
             real = save_fn
             save_fn = lambda *args, **kwargs: real(*args, **kwargs)  # noqa: E731
             preload_fn = preload_fn if fault == "lambda" else None
-        elif fault == "hold":
-            save_fn = partial(faults.hold, os.path.join(self.directory, "writing"))
+        elif fault in ("hold", "hold-tree"):
+            save_fn = partial(faults.hold_tree if fault == "hold-tree" else faults.hold,
+                              os.path.join(self.directory, "writing"))
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
-        return save_fn, preload_fn
+        return request._replace(async_fn=save_fn, preload_fn=preload_fn)
 
     def kill_worker(self):
         """SIGKILL the worker that would take the next save (if any) and wait until it is gone."""
@@ -215,12 +346,11 @@ class Trainer(driver.Trainer):
             os.kill(worker.pid, signal.SIGCONT)
 
     def probe(self):
-        """What the worker holds now (see ``_worker.describe_cache``)."""
-        from nvrx_ipc_fix.worker.inside import describe_cache
+        """What the worker holds now (see ``faults.describe_cache``)."""
         from nvrx_ipc_fix.worker.release import run_in_worker
 
         path = os.path.join(self.directory, "probe.json")
-        error = run_in_worker(self.queue, describe_cache, (path,), 30)
+        error = run_in_worker(self.queue, faults.describe_cache, (path,), 30)
         if error:
             raise RuntimeError(error)
         with open(path) as found:
@@ -229,9 +359,163 @@ class Trainer(driver.Trainer):
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
         world_size=1, impl="nvrx", finalize="blocking", no_dist=False, starts="spawn"):
-    """``driver.run`` with this module's ``Trainer``; ``starts``: how NVRx starts its workers."""
-    return driver.run(steps, directory, timeout, n_tensors, numel, cached, rank, world_size,
-                      impl, finalize, no_dist, make=Trainer, starts=starts)
+    """Run ``steps``; return the report (a JSON-ready dict)."""
+    status = nvrx_ipc_fix.status()
+    report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
+              "nvrx": status.nvrx_version, "source": status.source, "fix": driver.fix_states(),
+              "steps": list(steps), "rank": rank, "impl": impl, "finalize": finalize,
+              "no_dist": no_dist, "saves": [], "named": {}, "hang": None, "log": []}
+    _capture_log(report["log"])
+    trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
+                      no_dist, starts)
+    watchdog = Watchdog(trainer, report, timeout)
+    for index, step in enumerate(steps):
+        step, _, label = step.partition("#")
+        name, _, only = step.partition("@")
+        if only and not name.startswith("fault-"):  # a fault step sees every rank
+            if int(only) != rank:
+                continue  # another rank's step
+            step = name
+        watchdog.begin(index)
+        try:
+            entry = _step(trainer, report, index, step)
+            if label:
+                report["named"][label] = {"step": index} if entry is None else entry
+        except BaseException:
+            if HUNG.is_set():  # reported; a peer's exit broke the collective
+                threading.Event().wait()  # the watchdog ends the process
+            raise
+        watchdog.end()
+        if not trainer.queue.get_num_unfinalized_calls():  # verify what is finalized
+            checked = driver.check_saves(trainer, report["saves"])
+            if checked and world_size > 1:
+                dist.barrier()  # every rank has read them (all ranks run the same steps)
+            if rank == 0:  # checked: free the disk
+                for path in checked:
+                    shutil.rmtree(path, ignore_errors=True)
+            if checked and world_size > 1:
+                dist.barrier()  # the next step starts together, so no rank times the deletion
+    status = nvrx_ipc_fix.status()
+    report.update(fix=driver.fix_states(), call_idx=sorted(trainer.call_idx),
+                  cleanups=status.cleanups, releases_total=status.releases,
+                  prewarms_total=status.prewarms, prewarm_failures=status.prewarm_failures,
+                  pinned_bytes=status.pinned_bytes)
+    watchdog.begin(len(steps))  # the close at the end must not hang either
+    trainer.close()
+    if trainer.owns_group:  # else NCCL's teardown at exit can hang (megatron-core 0.19.2 loaded)
+        dist.destroy_process_group()
+    watchdog.end()
+    return report
+
+
+def _step(trainer, report, index, step):
+    """Run one step (see the module doc): the registered step (``EXTRA_STEPS``, ``STEPS``,
+    ``PREFIXED``; ``<step>?``: ``STEPS["?"]``, given ``<step>``), whose entry, if it makes
+    one, goes to its list in the report. Returns that entry (None: it makes none)."""
+    if step in EXTRA_STEPS:
+        return EXTRA_STEPS[step](trainer)
+    if step.endswith("?"):
+        found, step = STEPS["?"], step[:-1]
+    else:
+        found = STEPS.get(step) or next(
+            ((key, function) for prefix, (key, function) in PREFIXED.items()
+             if step.startswith(prefix) and step != prefix), None)
+    if found is None:
+        raise ValueError(f"unknown step {step!r}")
+    key, function = found
+    entry = function(trainer, report, index, step)
+    return _add(report, key, entry) if key and entry is not None else entry
+
+
+def _add(report, key, entry):
+    report.setdefault(key, []).append(entry)
+    return entry
+
+
+#: Step name -> (the report's list its entry goes to, or None; function(trainer, report,
+#: index, step) -> the entry or None): the driver's steps, and those below. ``PREFIXED``: the
+#: same for steps named by a prefix and an argument (``sleep2``, ``fault-kill``).
+STEPS = {name: (key, lambda trainer, report, index, step, function=function: function(trainer))
+         for name, (key, function) in driver.STEPS.items()}
+PREFIXED = {}
+
+
+def step(*names, adds=None, prefix=False):
+    """Register the decorated function as the step(s) ``names`` (see ``STEPS``)."""
+    def register(function):
+        for name in names:
+            (PREFIXED if prefix else STEPS)[name] = (adds, function)
+        return function
+    return register
+
+
+@step("save", "save-async", adds="saves")
+def _save(trainer, report, index, name):
+    blocked, total, path, version = trainer.save(wait=name == "save")
+    return {"step": index, "blocked_s": round(blocked, 4), "total_s": total and round(total, 4),
+            "path": path, "version": version, "stale": None, "tensors": len(trainer.names),
+            "worker_before": trainer.workers[0], "worker": trainer.workers[1]}
+
+
+@step("sleep", prefix=True)
+def _sleep(trainer, report, index, name):
+    time.sleep(float(name[len("sleep"):]))
+
+
+class Watchdog(driver.Watchdog):
+    """The driver's watchdog; its hang report also says where the main thread waits
+    (``stacks``) and each fix's state. A rank of several that reported a hang stays hung
+    for ``timeout`` s, so that the other ranks see a hang too. A ``fork-exit`` step waits on
+    its child, not on the worker."""
+
+    def _worker_dead(self):
+        return None if self.trainer.phase == "fork" else super()._worker_dead()
+
+    def _hang(self, step, now, died):
+        self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
+                               "worker_died": died, "waits_in": stacks.main()}
+        self.report["fix"] = driver.fix_states()
+        HUNG.set()
+        print(json.dumps(self.report), flush=True)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            time.sleep(self.timeout)
+        self.exit()
+
+
+def on_device():
+    """``{pid: MiB}`` of the processes with memory on the device (``nvidia-smi``), or None."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rows = [line.split(",") for line in out.splitlines() if line.strip()]
+    return {int(pid): int(mib) for pid, mib in rows if pid.strip().isdigit()
+            and mib.strip().isdigit()}
+
+
+def checkpoint_workers():
+    """The pids of this process's live checkpoint workers: its children but NVRx's results
+    queue manager (``SyncManager-N``)."""
+    return [p.pid for p in multiprocessing.active_children() if "Manager" not in p.name]
+
+
+_log_start = [time.monotonic()]  # the clock of the log lines' "t" (seconds since this)
+
+
+def _capture_log(records):
+    """Collect the package's WARNING and ERROR lines into ``records``."""
+    _log_start[0] = start = time.monotonic()
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append({"level": record.levelname, "message": record.getMessage()[:400],
+                            "t": round(time.monotonic() - start, 2)})
+
+    logging.getLogger("nvrx_ipc_fix").addHandler(Keep(logging.WARNING))
 
 
 @step("fault-", adds="faults", prefix=True)
@@ -333,6 +617,17 @@ def _left_alive(pids, alive, bound=60.0):
     while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [pid for pid in pids if alive(pid)]
+
+
+@step("kill-manager", adds="manager_kills")
+def _kill_manager(trainer, report, index, name):
+    """SIGKILL NVRx's results-queue manager and reap it; its pid."""
+    from nvrx_ipc_fix.core.shapes import results_manager_process
+
+    process = results_manager_process(sys.modules[FS])
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    return {"pid": process.pid, "exitcode": process.exitcode}
 
 
 @step("env-change")
@@ -439,10 +734,13 @@ def _environ(pid):
 def _ready(trainer):
     """Wait for the prewarmed worker (the scenario's stand-in for the training between
     onload and save); how long it took to start, in the background."""
-    from nvrx_ipc_fix.worker.prewarm import wait_ready
+    from nvrx_ipc_fix.worker import prewarm
 
     began = time.monotonic()
-    start = wait_ready(trainer.queue)
+    caller = prewarm._serving(trainer.queue, sys.modules[prewarm.CORE])
+    start = prewarm._starts.get(caller) if caller is not None else None
+    if start is not None:  # until it is ready or failed
+        start.thread.join()
     waited = round(time.monotonic() - began, 3)
     if start is None:
         return {"pid": None, "ready_s": None, "error": None, "waited_s": waited,
@@ -510,7 +808,7 @@ def _fault(trainer, report, index, step):
         blocked, total, _, _ = trainer.save(wait=wait, fault=kind if mine else None)
         report["saves"][-1].update(blocked_s=round(blocked, 4), total_s=total and round(total, 4))
         if kind == "stop" and mine:  # on the log lines' clock
-            outcome["stopped"] = [None if at is None else round(at - driver._log_start[0], 2)
+            outcome["stopped"] = [None if at is None else round(at - _log_start[0], 2)
                                   for at in trainer.stop_window]
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -591,10 +889,36 @@ def _describe(exc):
 
 
 def main(argv=None):
-    """``python -m harness.scenario``: the driver's command line with ``--starts``."""
-    return driver.main(argv, Trainer, (("--starts", dict(
-        choices=("spawn", "forkserver"), default="spawn",
-        help="how NVRx starts its workers (forkserver: torch and NVRx imported once)")),))
+    """``python -m harness.scenario``: run the steps, print the report."""
+    parser = argparse.ArgumentParser(prog="python -m harness.scenario")
+    parser.add_argument("--steps", default="save,save,replace,save")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a save "
+                        "counts as hung")
+    parser.add_argument("--tensors", type=int, default=8)
+    parser.add_argument("--numel", type=int, default=4096)
+    parser.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)),
+                        help="default: $RANK (torchrun)")
+    parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
+                        help="default: $WORLD_SIZE (torchrun)")
+    parser.add_argument("--dir", default=None, help="shared directory (several ranks)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="use_cached_data_structure=False (the reference)")
+    parser.add_argument("--impl", choices=tuple(IMPLS), default="nvrx",
+                        help="whose persistent worker: NVRx's or megatron-core's")
+    parser.add_argument("--finalize", choices=("blocking", "poll"), default="blocking",
+                        help="one blocking finalize, or a training loop's non-blocking polls")
+    parser.add_argument("--no-dist", action="store_true", help="finalize with no_dist=True")
+    parser.add_argument("--starts", choices=("spawn", "forkserver"), default="spawn",
+                        help="how NVRx starts its workers (forkserver: torch and NVRx "
+                        "imported once)")
+    args = parser.parse_args(argv)
+    scratch = tempfile.mkdtemp(prefix="nvrx-ipc-fix-")
+    driver.use_scratch(scratch)  # removed at exit, however the run ends
+    report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
+                 args.numel, not args.no_cache, args.rank, args.world_size, args.impl,
+                 args.finalize, args.no_dist, args.starts)
+    print(json.dumps(report), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ tests and the demo, and they fake only the device:
 
 The worker must use ``AsyncCallsQueue(cpu_shm_mode=True)`` where that exists, so that it
 does not initialise CUDA; the writer still takes the GPU IPC path, and ``mark_queue``
-tells ``release()`` so (``worker.release.treat_as_ipc``; it leaves real CPU-shm queues alone).
+tells ``release()`` so (``worker.release.fake_device_queues``; it leaves real CPU-shm queues
+alone).
 """
 
 import os
@@ -158,6 +159,6 @@ def on_fake_device(tensor):
 def mark_queue(queue):
     """``queue``'s CPU-shm flag only keeps CUDA out of the worker (see module doc): release
     it as a queue that holds IPC handles."""
-    from ..worker.release import treat_as_ipc
+    from ..worker.release import fake_device_queues
 
-    treat_as_ipc(queue)
+    fake_device_queues.add(queue)

@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                                 "without and with the fix")
     sub.add_parser("selftest", help="check the fix on this node (GPU memory, next-save time, "
                                     "correctness), without and with the package")
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the usage of the sub-command they were given to, not the top level's
+        sub.choices.get(args.command, parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     if args.command not in (None, "status", "doctor") and args.json:
         parser.error(f"--json: {args.command} prints no JSON (status and doctor do)")
     if args.command not in (None, "status") and args.no_import:

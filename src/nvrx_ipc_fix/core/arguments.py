@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import inspect
 
-from . import state as _state
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,6 +41,3 @@ def _signature(wrapped):
     if sig is None:
         sig = _signatures[key] = inspect.signature(wrapped)
     return sig
-
-
-_state.on_reset(_signatures.clear)

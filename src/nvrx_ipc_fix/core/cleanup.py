@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import fork as _fork, shapes as _shapes, state as _state
+from . import fork as _fork, shapes as _shapes
 from .detect import writer_class
 from .log import logger
 
@@ -144,11 +144,3 @@ def _clear(reason: str, free_before: int | None, keys: int | None) -> Cleanup:
         done.seconds,
     )
     return done
-
-
-@_state.on_reset
-def _reset():
-    global totals
-    totals = Totals()
-    for forget in on_forget:
-        forget()

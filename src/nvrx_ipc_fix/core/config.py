@@ -14,8 +14,6 @@ checks each, and turns these warnings off (``log.quiet()``).
 
 import os
 
-from . import state as _state
-
 #: ``1``/``true``/``yes``/``on`` turns the package off; a comma list of fix names
 #: (``clear_on_close,stale_guard``) turns off only those fixes. Any other value turns the
 #: whole package off too (with a warning): a kill switch errs on the side of off. An empty
@@ -47,10 +45,6 @@ RELEASE = "NVRX_IPC_FIX_RELEASE"
 #: all-reduce, before the package logs an ERROR (and a WARNING once the wait ends).
 #: Default 300; ``0`` or ``inf``: never.
 STALL_TIMEOUT = "NVRX_IPC_FIX_STALL_TIMEOUT"
-#: Seconds a rank waits, at the first save of a process group, for every other rank to say
-#: that it runs the package (``worker.peers``); a rank without it never does. Default 120;
-#: a finite number > 0.
-PEERS_TIMEOUT = "NVRX_IPC_FIX_PEERS_TIMEOUT"
 #: ``start`` (also ``1``, ``true``, ``yes``, ``on``): start each persistent queue's checkpoint
 #: worker when the queue is created, if ``torch.distributed`` is initialized by then, so that
 #: the first save finds it ready. Default ``off`` (also ``0``, ``false``, ``no``, ``never``,
@@ -177,13 +171,6 @@ def _parse_stall_timeout(raw):
     return (float("inf") if value == 0 else value), problem
 
 
-def _parse_peers_timeout(raw):
-    value, problem = _parse_seconds(raw, 120.0)
-    if value == float("inf"):
-        return 120.0, "is not a finite number of seconds > 0; using 120"
-    return value, problem and problem.replace("> 0 (or inf)", "> 0")
-
-
 def _parse_on(raw):
     if raw in _TRUE or not raw:
         return True, None
@@ -232,8 +219,6 @@ SETTINGS = (
             lambda v: f"release() waits for the worker: {_show_seconds(v)}"),
     Setting(STALL_TIMEOUT, _parse_stall_timeout,
             lambda v: "stall report: " + ("never" if v == float("inf") else f"after {v:g} s")),
-    Setting(PEERS_TIMEOUT, _parse_peers_timeout,
-            lambda v: f"the first save waits for every rank's word: up to {v:g} s"),
     Setting(PREWARM, _parse_prewarm, lambda v: "a persistent queue starts its worker when "
             "created" if v else "off: the worker starts at the first save (or prewarm())"),
     Setting(PIN, _parse_on, lambda v: "on: a prewarmed worker pins the last save's host "
@@ -309,11 +294,6 @@ def stall_timeout():
     return _read(STALL_TIMEOUT, _parse_stall_timeout)
 
 
-def peers_timeout():
-    """Seconds the first save waits for every rank to say it runs the package."""
-    return _read(PEERS_TIMEOUT, _parse_peers_timeout)
-
-
 def pin_ahead():
     """Does a prewarmed worker pin host memory for its first save (``NVRX_IPC_FIX_PIN``)?"""
     return _read(PIN, _parse_on)
@@ -327,9 +307,3 @@ def standby():
 def prewarm_at_start():
     """Does a persistent queue start its worker when it is created (``NVRX_IPC_FIX_PREWARM``)?"""
     return _read(PREWARM, _parse_prewarm)
-
-
-@_state.on_reset
-def _reset():
-    global _held_hooked
-    _held_hooked = False

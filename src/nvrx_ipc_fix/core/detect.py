@@ -20,7 +20,8 @@ NEMO_VALUE = "nemo_rl.models.value.workers.megatron_value_worker"
 SLIME_ACTOR = "slime.backends.megatron_utils.actor"
 #: Every module a target of the table (``targets.TARGETS``) patches: what the warnings held
 #: back about settings wait for (a test checks it against the table).
-MODULES = (CORE, FS, MCORE_ASYNC, MEGATRON, BRIDGE, NEMO_POLICY, NEMO_VALUE, SLIME_ACTOR)
+MODULES = (CORE, FS, MCORE_ASYNC, MCORE_FS, MEGATRON, BRIDGE, NEMO_POLICY, NEMO_VALUE,
+           SLIME_ACTOR)
 #: First release with the IPC tensor cache.
 FIRST_CACHING_RELEASE = (0, 6, 0)
 #: The newest release of each distribution the package was tested with (the tox matrix and

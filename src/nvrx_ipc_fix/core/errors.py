@@ -1,7 +1,7 @@
 """``CheckpointWorkerError``: what a rank raises instead of waiting for ever on a failed
 checkpoint worker; ``PersistentAsyncWorkerError`` is the same class under the name of
 Megatron-LM PR #6971, for handling written against that PR. ``RanksWithoutPackageError``:
-what the ranks that run the package raise at their first save where another rank does not."""
+what the ranks that run the package raise, once, where another rank does not."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ class CheckpointWorkerError(RuntimeError):
     Raised once per rank, by the finalize (``maybe_finalize_async_calls``) that reaches the
     failed save: with ``no_dist=False`` on every rank at the same call (the failure travels
     with NVRx's finalize all-reduce), with ``no_dist=True`` on the rank whose worker failed.
-    Scheduling a save never raises it. The failed save, and any save the dead worker had
-    not completed, is never finalized (``lost_saves``); the saves behind them are finalized
-    by the same call (``finalized``) or stay pending for the next one. The next save starts
-    a fresh worker and sends full tensors.
+    Scheduling a save raises it only where another thread aborted the worker
+    (``close(abort=True)``) during that schedule; an abort during a finalize makes it raise on
+    this rank alone. The failed save, and any save the dead worker had not completed, is
+    never finalized (``lost_saves``); the saves behind them are finalized by the same call
+    (``finalized``) or stay pending for the next one. The next save starts a fresh worker and
+    sends full tensors.
     """
 
     def __init__(self, message: str, *, rank: int | None = None, save: int | None = None,
@@ -46,17 +48,19 @@ class CheckpointWorkerError(RuntimeError):
 
 class RanksWithoutPackageError(RuntimeError):
     """Some ranks of the job do not run the package (or its worker watch): found at the
-    first save of the process group, on every rank that runs it, before anything of that
-    save reached the checkpoint worker. Nothing was scheduled; activate the package on
-    every rank (``python -m nvrx_ipc_fix doctor`` tells how)."""
+    first finalize of the process group that makes NVRx's all-reduce (``no_dist=False``) on
+    a persistent worker, on every rank that runs it, and raised once by that finalize after
+    NVRx's own: the saves it finalized are saved (``finalized``), and the job may go on as
+    with NVRx alone. Activate the package on every rank (``python -m nvrx_ipc_fix doctor``
+    tells how)."""
 
     def __init__(self, message: str, *, rank: int | None = None, ranks: Iterable[int] = (),
-                 world_size: int | None = None, waited_s: float | None = None) -> None:
+                 world_size: int | None = None) -> None:
         super().__init__(message)
         self.rank = rank  # the rank that raised
         self.ranks = tuple(ranks)  # the ranks that did not say they run the package
         self.world_size = world_size
-        self.waited_s = waited_s  # how long this rank waited for them
+        self.finalized: tuple[int, ...] = ()  # the saves the same finalize finalized
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable with its attributes (Ray, multiprocessing)
         return (_rebuild, (type(self), str(self), vars(self)))

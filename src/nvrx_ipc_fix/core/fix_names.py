@@ -6,6 +6,9 @@ FIXES = {
     "clear_on_close": "clear the trainer-side cache when the checkpoint worker is closed "
                       "(no 'Worker cache miss' hang on the next save)",
     "stale_guard": "re-send tensors whose storage moved (no stale checkpoints on NVRx 0.6.0)",
+    "cpu_snapshot": "the worker writes each CPU tensor of a save as it was at the schedule (NVRx "
+                    "before 0.7.0 sends the trainer's own: a step right after the schedule "
+                    "went into the checkpoint)",
     "own_results": "each save's write results reach its own finalize (NVRx shares one "
                    "results queue per process: saves in flight at once took each other's)",
     "release_on_offload": "release the worker's CUDA IPC mappings before NeMo RL or slime "

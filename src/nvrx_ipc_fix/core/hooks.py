@@ -13,7 +13,7 @@ from __future__ import annotations
 import _thread
 import sys
 
-from . import fork as _fork, state as _state
+from . import fork as _fork
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -127,11 +127,3 @@ class _Loader:
 
 
 _FINDER = _Finder()
-
-
-@_state.on_reset
-def _reset():
-    _hooks.clear()
-    _searching.__dict__.clear()
-    while _FINDER in sys.meta_path:
-        sys.meta_path.remove(_FINDER)

@@ -1,13 +1,13 @@
 """Activation lifecycle: post-import hooks, which targets to patch, and the records of what
 was done, which ``status()`` hands to ``snapshot``. A call's one wrapper and the steps in it
-are ``patching``'s; the texts said of a lost fix or an untested version are ``losses``'.
+are ``patching``'s; the warnings given for a lost fix or an untested version are ``losses``'.
 
 One lock guards the state. A hook is registered once per module per process and checks
 ``_active`` when it fires, so ``deactivate()`` before the import really stops the patch
 and repeated cycles never stack wrappers. When a module is imported, every target of a fix
 there is decided before any is installed: a fix goes in all or nothing per module (a
-target marked ``optional`` excepted), and what does not apply although it should is said
-once by a ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. On
+target marked ``optional`` excepted), and a fix that does not apply although it should gets
+one ``RuntimeWarning``, as is an NVRx or megatron-core newer than tested. On
 ``deactivate()`` a call's wrapper that someone else wrapped on top of stays in their chain,
 switched off and recorded, and takes the steps again at the next ``activate()``.
 
@@ -116,29 +116,6 @@ def deactivate() -> Status:
             _remove(target)
         _verdicts.clear()
     return status()
-
-
-def reset():
-    """``deactivate()``, then every record of the package in this process back to its value
-    at import (``core.state``): no activation, no hook, no verdict, no warning given, no
-    count, no record of a queue, caller or save. A later ``activate()`` is a first one. For
-    tests that run many cases in one interpreter; returns ``status()``."""
-    deactivate()
-    _state.reset_all()
-    return status()
-
-
-@_state.on_reset
-def _reset():
-    global _active, _source
-    with _lock:
-        _active, _source = False, None
-        _requested.clear()
-        _hooked.clear()
-        _verdicts.clear()
-        _seen_dists.clear()
-        _patches.clear()
-        _calls.clear()  # what deactivate left inert under another wrapper stays off
 
 
 def _remove(target):

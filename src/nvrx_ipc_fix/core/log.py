@@ -13,8 +13,6 @@ import logging
 import os
 import threading
 
-from . import state as _state
-
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -223,16 +221,3 @@ def _caller_level():
         return level if frame is not None else entered
     except Exception:  # noqa: BLE001 no frames (another Python): the caller of the reader
         return 2
-
-
-@_state.on_reset
-def _reset():
-    global _handler, _quiet
-    if _handler is not None:
-        logger.removeHandler(_handler)
-        logger.setLevel("NOTSET")
-    _handler, _quiet = None, False
-    _held.clear()
-    _seen.clear()
-    errors.clear()
-    _warned.clear()

@@ -1,4 +1,4 @@
-"""What is said when a fix does not apply where it should, and when NVRx or megatron-core is
+"""The warnings given when a fix does not apply where it should, and when NVRx or megatron-core is
 newer than tested. A fix goes in all or nothing per module: a target held back by another's
 loss says so (``held_reason``). ``lifecycle`` warns with these texts once each; the status
 shows a lost fix's as its reason (``loss``)."""

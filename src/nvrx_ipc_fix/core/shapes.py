@@ -93,23 +93,6 @@ def writer_keys(fs):
                       "thread waiting until it is scheduled")
 
 
-def announces(fs):
-    """NVRx's writer: its ``prepare_write_data``, which every release calls right after a
-    save's planning collectives, is where a rank says it runs the package."""
-    writer = getattr(fs, "FileSystemWriterAsync", None)
-    if writer is None and (fs is None or initializing(fs)):
-        return None  # decided once the module is imported
-    if not callable(getattr(writer, "prepare_write_data", None)):
-        return "not_applicable", ("no FileSystemWriterAsync.prepare_write_data: a rank says it "
-                                  "runs the package at its first schedule")
-    watch = persistent_worker(sys.modules.get(CORE))  # None: core not imported yet
-    if watch is not None and watch[0] != "active":  # its loss, if any, is the watch's to say
-        return ("fixed_upstream" if watch[0] == "fixed_upstream" else "not_applicable",
-                f"no worker watch to check it: {watch[1]}")
-    return "active", ("a rank says it runs the package as its first save's planning ends; the "
-                      "schedule checks that every rank did")
-
-
 #: What NVRx's writer does with ``results_queue``: sets it (``prepare_write_data``), hands it
 #: to the worker (``get_save_function_and_args``) and takes the save's results from it.
 RESULTS_QUEUE_USERS = ("prepare_write_data", "get_save_function_and_args",
@@ -134,6 +117,46 @@ def shared_results(fs):
                                "results_queue as the fix expects")
     return "active", ("each save takes its results from a queue of its own (NVRx shares one "
                       "per process)")
+
+
+def cpu_snapshots(fs):
+    """A writer module (NVRx's filesystem_async, megatron-core's copy): does its
+    ``prepare_write_data`` hand the worker CPU tensors as they are, the trainer's own
+    storage, which the worker reads after the schedule returned? Read from the code of its
+    methods, beneath any wrapper."""
+    writer = getattr(fs, "FileSystemWriterAsync", None)
+    if writer is None:
+        if fs is None or initializing(fs):
+            return None  # decided once the module is imported
+        return "not_applicable", "this version has no FileSystemWriterAsync"
+    prepare, preload = (_codes(vars(writer).get(name))
+                        for name in ("prepare_write_data", "preload_tensors"))
+    copies = [code for code in prepare[1:] if "clone" in code.co_names]  # its nested resolver
+    if (any("untyped_storage" not in code.co_names for code in copies)
+            or any("clone" in code.co_names for code in preload)):
+        return "fixed_upstream", ("NVRx copies every CPU tensor of a save before its schedule "
+                                  "returns (NVRx PR #376)")
+    if not prepare or not {"uncached_tensor_data", "write_buckets"} & set(prepare[0].co_names):
+        return "unsupported", ("FileSystemWriterAsync.prepare_write_data keeps its tensors "
+                               "neither in uncached_tensor_data nor in write_buckets")
+    return "active", ("a save's CPU tensors are copied as its planning ends (this version "
+                      "sends the trainer's own, which the worker writes later)")
+
+
+def _codes(function):
+    """The code of ``function`` (a staticmethod too, beneath any wrapper) and of every
+    function nested in it; empty where it has none."""
+    import inspect
+    import types
+
+    function = inspect.unwrap(getattr(function, "__func__", function))
+    found, todo = [], [getattr(function, "__code__", None)]
+    while todo:
+        code = todo.pop()
+        if isinstance(code, types.CodeType):
+            found.append(code)
+            todo.extend(code.co_consts)
+    return found
 
 
 def persistent_worker(module):
@@ -475,25 +498,73 @@ def sent_uncached(writer):
     return (getattr(writer, "uncached_tensor_data", None) or ((), ()))[0]
 
 
+def copy_fresh(writer, copy):
+    """Put ``copy(item, tensor)`` in place of each tensor this call of ``prepare_write_data``
+    sends the worker afresh, outside its cache: NVRx 0.6.0's ``uncached_tensor_data`` (its CPU
+    tensors go there), else the write buckets (NVRx 0.3.0-0.5.0, megatron-core's writer)."""
+    if hasattr(writer, "uncached_tensor_data"):
+        if writer.uncached_tensor_data:
+            items, tensors = writer.uncached_tensor_data
+            tensors[:] = [copy(item, tensor) for item, tensor in zip(items, tensors)]
+        return
+    for _path, _name, (_bytes, tensors) in writer.write_buckets or ():
+        tensors[:] = [(item, copy(item, tensor)) for item, tensor in tensors]
+
+
 # -- the writer's results queue -------------------------------------------------------------------
 
-def own_results_queue(writer):
+def own_results_queue(writer, made=None):
     """Give ``writer`` (``prepare_write_data`` just ran) a results queue of its own, made by
-    the manager of the queue NVRx gave it (none where NVRx gave it none: nothing to write).
-    Raises where it cannot."""
+    the manager of the queue NVRx gave it (none where NVRx gave it none: nothing to write):
+    ``made(manager)``, a queue made ahead, else a new one. Where that manager's process has
+    died, a new manager is started first, from the same ``multiprocessing`` context, and
+    becomes NVRx's (its ``_results_queue``). Returns ``(the queue given, the process that
+    died or None)``, or None; raises where it cannot."""
     shared = writer.results_queue
     if shared is None:
-        return
-    manager = getattr(shared, "_manager", None)
+        return None
+    manager, died = _manager_of(shared), None
+    process = getattr(manager, "_process", None)
+    if process is not None and process.exitcode is not None:  # gone: a new one, as NVRx's
+        died, shared = process, manager._ctx.Manager().Queue()
+        fs = sys.modules.get(FS)
+        if getattr(fs, "_results_queue", None) is writer.results_queue:
+            fs._results_queue = shared
+        manager = _manager_of(shared)
+    writer.results_queue = (made(manager) if made is not None else None) or manager.Queue()
+    return writer.results_queue, died
+
+
+def _manager_of(queue):
+    manager = getattr(queue, "_manager", None)
     if manager is None:
-        raise RuntimeError(f"NVRx's results queue ({type(shared).__name__}) has no manager "
+        raise RuntimeError(f"NVRx's results queue ({type(queue).__name__}) has no manager "
                            f"in this process to make another")
-    writer.results_queue = manager.Queue()
+    return manager
 
 
-def has_results_queue(writer):
-    """Will ``writer``'s save put its results in a queue (it has data to write)?"""
-    return getattr(writer, "results_queue", None) is not None
+def let_go(queue):
+    """Tell the manager of ``queue`` (a proxy of this process's) that this process no longer
+    holds it, now rather than when the proxy is collected (a call to the manager process);
+    the proxy must not be used after. Raises nothing where the manager is gone."""
+    close = getattr(queue, "_close", None)  # multiprocessing's finalizer of the proxy
+    if callable(close):
+        close()
+
+
+def renew_proxy_lock():
+    """In a child of ``os.fork()``: a fresh lock for ``multiprocessing``'s proxies, which a
+    thread the child does not have may have held at the fork (``multiprocessing`` renews it
+    only in the children it starts itself)."""
+    proxy = getattr(sys.modules.get("multiprocessing.managers"), "BaseProxy", None)
+    renew = getattr(getattr(proxy, "_mutex", None), "_at_fork_reinit", None)
+    if callable(renew):
+        renew()
+
+
+def results_queue_of(writer):
+    """The queue ``writer``'s save puts its results in (None: it has nothing to write)."""
+    return getattr(writer, "results_queue", None)
 
 
 def failed_retrieval(fs, retrieve, exc):

@@ -1,6 +1,6 @@
 """Builds the ``Status`` that ``status()`` returns: each target's state and each fix's, from
 the records ``lifecycle`` hands over under its lock, with the running totals (``cleanup``)
-and what the rooms above report (``state.on_status``). The types are ``status``'."""
+and what the worker and fixes packages report (``state.on_status``). The types are ``status``'."""
 
 import os
 import sys

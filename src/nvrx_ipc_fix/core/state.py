@@ -1,10 +1,8 @@
-"""The package's per-process state, module by module. Each module that keeps records
-registers here how to return them to their value at import, and ``reset_all`` does that for
-every module imported so far (``lifecycle.reset``, for tests that run many cases in one
-interpreter). It also holds what modules below the installer ask of it (``installed``,
-``activated``), answered by ``lifecycle`` once imported, so that they need not import it, and
-what the rooms above ``core`` register with it: what ``deactivate()`` runs
-(``on_deactivate``) and what ``status()`` reports of them (``on_status``). Imports nothing."""
+"""What ``core`` needs from the modules that import it, registered here so that ``core``
+need not import them: what the modules below the installer ask of it (``installed``,
+``activated``), answered by ``lifecycle`` once imported, and what the ``worker`` and ``fixes``
+packages register: what ``deactivate()`` runs (``on_deactivate``) and what ``status()``
+reports of them (``on_status``). Imports nothing."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-_resets: list[Callable[[], object]] = []
 deactivations: list[Callable[[], object]] = []  # run by lifecycle.deactivate, in this order
 #: Status field -> the function that gives its value, once its module is imported
 reports: dict[str, Callable[[], Any]] = {}
@@ -27,12 +24,6 @@ def installed(fix, attr):
 def activated():
     """Is the package active in this process? (``lifecycle``'s answer.)"""
     return False
-
-
-def on_reset(reset):
-    """Register ``reset()``, which empties the calling module's records; returns it."""
-    _resets.append(reset)
-    return reset
 
 
 def on_deactivate(stop, first=False):
@@ -49,7 +40,3 @@ def on_status(field):
         return describe
     return register
 
-
-def reset_all():
-    for reset in _resets:
-        reset()

@@ -14,8 +14,9 @@ GUARDIAN_NOT_STARTED = "not started: no process to guard yet"
 #: ``automatic_release``), and ``Status.suspend`` before that module is imported.
 SUSPEND_NOT_PROBED = ("suspend where the CUDA driver's process checkpoint API works, else "
                       "restart (the driver is probed at the first suspend)")
-#: ``Status.peers`` before the first save of a job of several ranks (``worker.peers``).
-PEERS_NOT_CHECKED = "not checked yet: at the first save of a job of several ranks"
+#: ``Status.peers`` before the check (``worker.peers``).
+PEERS_NOT_CHECKED = ("not checked yet: at the first finalize that makes NVRx's all-reduce in "
+                     "a job of several ranks")
 
 
 class State(str, enum.Enum):
@@ -99,7 +100,7 @@ class Status:
     #: Each call with a wrapper of ours: its region and its steps in order.
     calls: tuple[CallStatus, ...] = ()
     #: Whether every rank of the job runs the package, checked at the process group's first
-    #: save (``worker.peers``), or why that cannot be told.
+    #: finalize all-reduce (``worker.peers``), or why that cannot be told.
     peers: str = PEERS_NOT_CHECKED
     #: The guardian (``worker.guardian``): its pid and how many live processes it guards, which
     #: it kills with their descendants if this process dies first; or why none runs.
@@ -136,33 +137,67 @@ class Status:
                       else "")
 
     def table(self) -> str:
-        """A short human-readable report (what ``print()`` shows)."""
+        """A short human-readable report (what ``print()`` shows), in lines of at most
+        ``WIDTH`` characters but where one name is longer: the targets and calls under their
+        module, a target's reason only where it is not its fix's."""
         nvrx = self.nvrx_version or "not installed"
         lines = [f"nvrx-ipc-fix {self.version}: {self._how()}, pid {self.pid}",
                  f"NVRx {nvrx}, wrapt {self.wrapt_version or 'not installed'}", "", "fixes:"]
         width = max(len(f.name) for f in self.fixes)
         for f in self.fixes:
-            lines.append(f"  {f.name:<{width}}  {f.state.value:<14}  {f.reason}")
-        lines += ["", "targets:"]
-        fix_width = max(len(t.fix) for t in self.targets)
-        width = max(len(t.target) for t in self.targets)
-        for t in self.targets:
-            lines.append(f"  {t.fix:<{fix_width}}  {t.target:<{width}}  {t.state.value:<14}  "
-                         f"{t.reason}")
+            lines += _wrapped(f"  {f.name:<{width}}  {f.state.value:<14}  ", f.reason)
+        lines += ["", "targets, by module (a reason where it is not the fix's):"]
+        reasons = {f.name: f.reason for f in self.fixes}
+        width = max(len(t.fix) for t in self.targets)
+        for module, targets in _by_module(self.targets, lambda t: t.target):
+            lines.append(f"  {module}")
+            for t, attr in targets:
+                lines.append(f"    {t.fix:<{width}}  {t.state.value:<14}  {attr}")
+                if t.reason != reasons.get(t.fix):
+                    lines += _wrapped(" " * 6, t.reason)
         if self.calls:
-            lines += ["", "calls (the steps in each, outermost first):"]
-            width = max(len(c.call) for c in self.calls)
-            for c in self.calls:
-                region = f" [{c.region}]" if c.region else ""
-                lines.append(f"  {c.call:<{width}}  {' > '.join(c.steps) or '(switched off)'}"
-                             f"{region}")
+            lines += ["", "calls, by module (the steps in each, outermost first):"]
+            for module, calls in _by_module(self.calls, lambda c: c.call):
+                lines.append(f"  {module}")
+                width = max(len(attr) for _, attr in calls)
+                for c, attr in calls:
+                    region = f" [{c.region}]" if c.region else ""
+                    lines += _wrapped(f"    {attr:<{width}}  ",
+                                      f"{' > '.join(c.steps) or '(switched off)'}{region}")
         lines += ["", "NVRx features:"]
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
-        lines += ["", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
-                      f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: {self.releases}; "
-                      f"prewarms: {self.prewarms} ({self.prewarm_failures} failed; "
-                      f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned ahead by "
-                      "the last)", f"standby: {self.standby}",
-                  f"automatic release: {self.suspend}", f"peers: {self.peers}",
-                  f"guardian: {self.guardian}"]
+        lines += [""]
+        lines += _wrapped("", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
+                              f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: "
+                              f"{self.releases}; prewarms: {self.prewarms} "
+                              f"({self.prewarm_failures} failed; "
+                              f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned "
+                              "ahead by the last)")
+        for name, value in (("standby", self.standby), ("automatic release", self.suspend),
+                            ("peers", self.peers), ("guardian", self.guardian)):
+            lines += _wrapped("", f"{name}: {value}")
         return "\n".join(lines)
+
+
+#: The width ``Status.table()`` wraps its text to.
+WIDTH = 100
+
+
+def _wrapped(head, text):
+    """``head`` then ``text``, wrapped to ``WIDTH``, its later lines indented as far as
+    ``text`` starts (4 spaces where ``head`` is empty)."""
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, initial_indent=head,
+                         subsequent_indent=" " * (len(head) or 4), break_long_words=False,
+                         break_on_hyphens=False) or [head.rstrip()]
+
+
+def _by_module(items, name):
+    """``items`` grouped by the module of ``name(item)`` ("module:attr"), modules in their
+    first item's order: ``[(module, [(item, attr), ...]), ...]``."""
+    groups: dict[str, list] = {}
+    for item in items:
+        module, _, attr = name(item).partition(":")
+        groups.setdefault(module, []).append((item, attr))
+    return list(groups.items())

@@ -16,8 +16,8 @@ else it returns ``None``. ``status()`` then says ``not_applicable`` where the di
 that ships the module is not installed (``detect.distribution_of``), else ``pending``.
 """
 
-from .detect import (BRIDGE, CORE, FS, MCORE_ASYNC, MEGATRON, NEMO_POLICY, NEMO_VALUE,
-                     SLIME_ACTOR)
+from .detect import (BRIDGE, CORE, FS, MCORE_ASYNC, MCORE_FS, MEGATRON, NEMO_POLICY,
+                     NEMO_VALUE, SLIME_ACTOR)
 
 
 def _probe(name):
@@ -32,9 +32,9 @@ def _probe(name):
     return applies
 
 
-(announces, caller_queues, nvrx_worker_cache, persistent_worker, shared_results, warm_up,
+(caller_queues, cpu_snapshots, nvrx_worker_cache, persistent_worker, shared_results, warm_up,
  worker_cache, worker_loop, writer_cache, writer_keys) = map(_probe, (
-    "announces", "caller_queues", "nvrx_worker_cache", "persistent_worker", "shared_results",
+    "caller_queues", "cpu_snapshots", "nvrx_worker_cache", "persistent_worker", "shared_results",
     "warm_up", "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
 
 
@@ -90,7 +90,7 @@ class Target:
 
 class Call:
     """One intercepted function: the region its wrapper holds around the steps (``QUEUE``,
-    ``SCHEDULE`` or None) and the fixes whose steps run in it, outermost first."""
+    ``SCHEDULE``, ``CLOSE`` or None) and the fixes whose steps run in it, outermost first."""
 
     __slots__ = ("module", "attr", "region", "order")
 
@@ -112,6 +112,11 @@ QUEUE = "queue"
 #: ``QUEUE`` for a schedule, which also ends the oldest save this thread planned to send only a
 #: cache key (``core.dispatch.planning``: a release in another thread waits for such a save).
 SCHEDULE = "schedule"
+#: ``QUEUE`` for a close; an abort (``abort=True``) never waits for a save of another thread,
+#: which may never end: it takes the lock only if it is free within half a second, else goes on
+#: without it, and the call that holds it ends only once the abort is done
+#: (``core.dispatch.abort_met``).
+CLOSE = "close"
 
 
 def _watch_calls(module, fix):
@@ -122,7 +127,7 @@ def _watch_calls(module, fix):
         Call(module, "PersistentAsyncCaller.is_current_async_call_done", (fix,)),
         Call(module, "AsyncCaller.sync_all_async_calls", (fix,)),
         Call(module, "PersistentAsyncCaller.close", (fix,)),
-        Call(module, "AsyncCallsQueue.close", (fix,), QUEUE),
+        Call(module, "AsyncCallsQueue.close", (fix,), CLOSE),
     )
 
 
@@ -159,17 +164,18 @@ CALLS = {call.name: call for call in (
     # resumed before it is told to stop; the trainer's caches cleared once NVRx's close and
     # the watch's are done
     Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
-    Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), QUEUE),
+    Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), CLOSE),
     Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
-    # this rank says it runs the package (worker_watch: every rank learns it at its first
-    # schedule); the planned key stays valid until the schedule (clear_on_close), around the
-    # re-send of moved storage (stale_guard); the save's own results queue replaces NVRx's
-    # shared one as soon as NVRx's method has set it (own_results)
+    # the planned key stays valid until the schedule (clear_on_close), around the re-send of
+    # moved storage (stale_guard); the save's own results queue replaces NVRx's shared one as
+    # soon as NVRx's method has set it (own_results); the CPU tensors NVRx sends as the
+    # planner gave them are copied as soon as it returns (cpu_snapshot)
     Call(FS, "FileSystemWriterAsync.prepare_write_data",
-         ("worker_watch", "clear_on_close", "stale_guard", "own_results")),
+         ("clear_on_close", "stale_guard", "own_results", "cpu_snapshot")),
     # a save on NVRx's shared queue that overlapped another fails here (own_results)
     Call(FS, "FileSystemWriterAsync.retrieve_write_results", ("own_results",)),
     *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
+    Call(MCORE_FS, "FileSystemWriterAsync.prepare_write_data", ("cpu_snapshot",)),
     # a terminate that meets a failed save still closes (worker_watch), after the release
     # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
     Call(MEGATRON, "maybe_finalize_async_save", _TERMINATE),
@@ -221,16 +227,15 @@ TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
     Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
            writer_cache),
-    # Optional: without it a rank says it runs the package at its first schedule, where the
-    # check is made.
-    Target("worker_watch", FS, "FileSystemWriterAsync.prepare_write_data",
-           "fixes.worker_watch:prepare_wrapper", ("self", "plan", "planner"), announces,
-           optional=True),
     Target("own_results", FS, "FileSystemWriterAsync.prepare_write_data",
            "fixes.own_results:prepare_write_data_wrapper", ("self", "plan", "planner"),
            shared_results),
     Target("own_results", FS, "FileSystemWriterAsync.retrieve_write_results",
            "fixes.own_results:retrieve_write_results_wrapper", ("self",), shared_results),
+    # NVRx's writer and megatron-core's copy of it (async_strategy="mcore")
+    *(Target("cpu_snapshot", module, "FileSystemWriterAsync.prepare_write_data",
+             "fixes.cpu_snapshot:prepare_write_data_wrapper", ("self", "plan", "planner"),
+             cpu_snapshots) for module in (FS, MCORE_FS)),
     Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
            "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
     Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",

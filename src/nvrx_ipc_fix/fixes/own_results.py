@@ -9,7 +9,17 @@ metadata: the checkpoint does not load, and nothing is raised.
 
 After NVRx's ``prepare_write_data`` the writer gets a queue of its own from NVRx's manager;
 NVRx then hands that one to the worker (``get_save_function_and_args``) and reads it in the
-finalize. The proxy goes with the writer.
+finalize. Making a queue, and letting one go, are calls to the manager process (a few ms a
+save): a thread of the fix's makes the next save's queue ahead, as a save takes
+the last one, and lets a save's queue go once its finalize has taken the results
+(``_ahead``). A save finds its queue ready, unless saves come faster than the manager makes
+them: then it makes its own. The thread is a daemon (it never holds up the exit), and a
+child of ``os.fork()`` starts its own.
+
+Where NVRx's manager has died (the OOM killer), the save in flight fails as NVRx's does (its
+finalize raises; the worker watch names the worker's error), and the next save starts a new
+manager, from the same ``multiprocessing`` context, which becomes NVRx's: that save and
+those after it are saved. Without the package the next save waits for ever.
 
 Where the fix cannot make a queue (the package's defect, a shape it does not know), the save
 keeps NVRx's shared queue, with one warning. Such saves cannot be told apart when their times
@@ -23,9 +33,9 @@ import sys
 import threading
 import weakref
 
-from ..core import fork as _fork, shapes as _shapes, state as _state
+from ..core import fork as _fork, shapes as _shapes
 from ..core.detect import FS
-from ..core.log import hook_failed
+from ..core.log import hook_failed, logger
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -41,13 +51,21 @@ _shared: weakref.WeakSet[Any] = weakref.WeakSet()
 #: of those, the ones whose time in flight overlapped another's
 _mixed: weakref.WeakSet[Any] = weakref.WeakSet()
 _fell_back = [False]  # has any save of this process kept NVRx's shared queue?
+#: writer -> the queue of its own it was given (let go once its finalize took the results)
+_given: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     """Around ``FileSystemWriterAsync.prepare_write_data(plan, planner)``."""
     result = wrapped(*args, **kwargs)
     try:
-        _shapes.own_results_queue(instance)
+        made = _shapes.own_results_queue(instance, _ahead.take)
+        if made is not None:
+            _given[instance] = made[0]
+            if made[1] is not None:
+                logger.warning("nvrx_ipc_fix: NVRx's results-queue manager (pid %s) had died "
+                               "(exit code %s); a new one takes its place", made[1].pid,
+                               made[1].exitcode)
     except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's shared queue stays
         hook_failed(PREPARE_TARGET, exc, fix=FIX)
         _share(instance)
@@ -56,13 +74,17 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
 
 def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
     """Around ``FileSystemWriterAsync.retrieve_write_results()``: NVRx's result, or, for a
-    save on the shared queue that overlapped another, a failure."""
+    save on the shared queue that overlapped another, a failure. A queue of the save's own
+    is let go (its results are taken)."""
     result = wrapped(*args, **kwargs)
     try:
         with _lock:
             mixed = instance in _mixed
             _shared.discard(instance)
             _mixed.discard(instance)
+        given = _given.pop(instance, None)
+        if given is not None and given is _shapes.results_queue_of(instance):
+            _ahead.let_go(given)
     except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
         hook_failed(RETRIEVE_TARGET, exc, fix=FIX)
         mixed = _fell_back[0]  # unknown: only a save that had its own queue is sure
@@ -74,12 +96,68 @@ def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
         "queues of their own: see nvrx_ipc_fix.status()); not finalized"))
 
 
+class _Ahead:
+    """The thread that makes the next save's results queue ahead and lets the finalized
+    saves' queues go, off the training thread; started by the first save."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.spare = None  # (manager, queue): the next save's queue
+        self.wanted = None  # the manager to make the next queue from
+        self.done = []  # queues to let go
+        self.thread = None
+
+    def take(self, manager):
+        """The queue made ahead by ``manager``, or None (none ready); the next is asked for."""
+        with self.cond:
+            spare, self.spare, self.wanted = self.spare, None, manager
+            if spare is not None and spare[0] is not manager:
+                self.done.append(spare[1])  # another manager's (one that died)
+                spare = None
+            self._wake()
+        return spare and spare[1]
+
+    def let_go(self, queue):
+        with self.cond:
+            self.done.append(queue)
+            self._wake()
+
+    def _wake(self):
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, daemon=True,
+                                           name="nvrx_ipc_fix results queues")
+            self.thread.start()
+        self.cond.notify()
+
+    def _serve(self):
+        while True:
+            with self.cond:
+                while self.wanted is None and not self.done:
+                    self.cond.wait()
+                manager, self.wanted = self.wanted, None
+                done, self.done = self.done, []
+            try:
+                made = manager and (manager, manager.Queue())  # first: a save may come
+                for queue in done:
+                    _shapes.let_go(queue)
+            except Exception:  # noqa: BLE001 a manager gone: the next save makes its own queue
+                continue  # (and says why, where it cannot)
+            with self.cond:
+                if made and self.wanted in (None, manager):  # else a new manager's is wanted
+                    made, self.spare, self.wanted = self.spare, made, None
+                if made:
+                    self.done.append(made[1])
+
+
+_ahead = _Ahead()
+
+
 def _share(writer):
     """``writer`` keeps NVRx's shared queue: it and every other such save in flight are
     mixed."""
     _fell_back[0] = True
     try:
-        if not _shapes.has_results_queue(writer):
+        if _shapes.results_queue_of(writer) is None:
             return  # nothing to write, no results
         with _lock:
             _shared.add(writer)
@@ -91,13 +169,24 @@ def _share(writer):
 
 def _forget():
     """No save of this process is in flight (a reset), or none is this process's (a child
-    of ``os.fork()``: the parent's saves; its own get a manager of its own)."""
+    of ``os.fork()``: the parent's saves)."""
     global _lock
     _lock = threading.Lock()
     _shared.clear()
     _mixed.clear()
+    _given.clear()
     _fell_back[0] = False
 
 
-_state.on_reset(_forget)
-_fork.in_child(_forget)
+def _forget_parent():
+    """In a child of ``os.fork()``: the parent's thread and queues are not its own; its
+    saves get a manager of their own. The thread may have held ``multiprocessing``'s lock of
+    proxies at the fork: the child gets a fresh one."""
+    global _ahead
+    _forget()
+    if _ahead.thread is not None:
+        _shapes.renew_proxy_lock()
+    _ahead = _Ahead()
+
+
+_fork.in_child(_forget_parent)

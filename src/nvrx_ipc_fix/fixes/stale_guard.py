@@ -26,6 +26,7 @@ from ..core import shapes as _shapes
 from ..core.cleanup import forget_keys, on_forget
 from ..core.detect import FS
 from ..core.log import hook_failed
+from ..core.resolved import recording
 
 PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 
@@ -55,12 +56,13 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         guarded = False
     if not guarded:
         return wrapped(*args, **kwargs)
-    resolved: list = []
-    restore = _record_resolved(planner, byte_io, resolved)
+    resolved: list = []  # each tensor item's data, as NVRx resolves it (else: resolved here)
+    restore = recording(planner, lambda item, data: item.type is byte_io or resolved.append(data))
     try:
         result = wrapped(*args, **kwargs)
     finally:
-        restore()
+        if restore is not None:
+            restore()
     try:
         if _reused_but_moved(instance, plan, planner, resolved):
             _send(instance, plan, planner, resolved)
@@ -81,36 +83,6 @@ def _plan_and_planner(plan, planner, *_args, **_kwargs):
 def _tensor_items(plan) -> list:
     byte_io = _shapes.byte_io(sys.modules[FS])
     return [item for item in plan.items if item.type != byte_io]
-
-
-def _record_resolved(planner, byte_io, out):
-    """Shadow ``planner.resolve_data`` for one call so that ``out`` gets each tensor item's
-    data, in NVRx's order; returns what undoes it. A planner that takes no attribute is left
-    alone (``out`` stays empty and the check resolves the tensors itself)."""
-    own = planner.__dict__.get("resolve_data") if hasattr(planner, "__dict__") else None
-    resolve, append = planner.resolve_data, out.append
-
-    def resolve_data(item):
-        data = resolve(item)
-        if item.type is not byte_io:
-            append(data)
-        return data
-
-    try:
-        planner.resolve_data = resolve_data
-    except Exception:  # noqa: BLE001 a planner that takes no attribute: NVRx's resolve_data
-        return lambda: None
-
-    def restore():
-        try:
-            if own is None:
-                del planner.resolve_data
-            else:
-                planner.resolve_data = own
-        except AttributeError:  # already gone
-            pass
-
-    return restore
 
 
 def _reused_but_moved(instance, plan, planner, resolved) -> bool:

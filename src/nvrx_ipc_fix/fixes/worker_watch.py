@@ -18,7 +18,9 @@ into the worker is touched):
 * ``AsyncCaller.sync_all_async_calls``, the all-reduce that check makes: a failed rank adds
   its failure flag to the value, so every rank learns of it in the collective NVRx makes
   anyway, and raises; no other collective is made. Its shape is probed first
-  (``core.shapes``): where it is not the one-int sum, the watch is not installed.
+  (``core.shapes``): where it is not the one-int sum, the watch is not installed. A rank's
+  first in a process group also tells it whether every rank runs the package
+  (``worker.peers``), which the finalize then raises, once, after NVRx's.
 * ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped (never
   finalized); the finalize goes on with the saves behind it as NVRx would (a blocking one
   waits for them all), then raises one error naming every save that was not saved.
@@ -37,6 +39,11 @@ into the worker is touched):
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
 
+An abort from another thread (``close(abort=True)``, which does not wait for the queue's lock
+that a save holds: ``core.dispatch``) ends the handshake (the close answers it) and the
+finalize's wait for the worker: that call raises one ``CheckpointWorkerError`` naming the
+abort once the abort is done, makes no collective, and leaves nothing of that save pending.
+
 When a worker is found dead, it is let go (``worker.registry.abandon``: the completions it sent
 are read, its queues closed, the trainer-side caches cleared, so the next save sends full
 tensors) and the queue forgets the caller (the next save spawns a fresh worker;
@@ -51,11 +58,10 @@ import threading
 from functools import partial
 from queue import Empty
 
-from ..core import cleanup as _cleanup, shapes as _shapes
+from ..core import cleanup as _cleanup, dispatch as _dispatch, shapes as _shapes
 from ..core.arguments import flags, replaced, values
 from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
 from ..core.log import hook_failed, logger
-from ..core import state as _state
 from ..worker import guardian as _guardian, inside as _worker, monitor as _monitor
 from ..worker import peers as _peers, registry as _workers, unsent as _unsent
 
@@ -79,7 +85,6 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     try:
         if not _shapes.is_persistent(queue):  # NVRx's process per save: nothing to watch
             return wrapped(*args, **kwargs)
-        _peers.check()  # the group's first save: every rank runs the package, or one error
         return _schedule(wrapped, queue, args, kwargs)
     finally:
         _guardian.adopt(queue)
@@ -92,7 +97,7 @@ def _schedule(wrapped, queue, args, kwargs):
         if _workers.abandoned(caller):  # NVRx 0.4.1 keeps a closed caller
             _workers.forget_caller(queue, caller)  # as 0.5.0+ does: the save makes a fresh one
             caller = _shapes.caller_of(queue)
-        save = queue.call_idx + 1
+        save, before = queue.call_idx + 1, len(queue.async_calls)
         request = args[0] if args else kwargs["async_request"]
         process = _workers.process_of(caller)
         entry = partial(_shapes.entry, sys.modules[wrapped.__module__])  # probed: it exists
@@ -119,13 +124,17 @@ def _schedule(wrapped, queue, args, kwargs):
             result = wrapped(*sent_args, **sent_kwargs)
         except BaseException as exc:  # an interrupt, say: the other ranks must still learn
             caller = _shapes.caller_of(queue)
-            if queue.call_idx == save and not _appended(queue, save) and caller is not None:
+            if (queue.call_idx == save and not _appended(queue, save) and caller is not None
+                    and _dispatch.abort_met() is None):
                 error = CheckpointWorkerError(
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
                     f"scheduled ({type(exc).__name__}: {exc}). The save was not finalized.",
                     rank=_monitor.rank(), save=save)
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
+    aborted_by = _dispatch.abort_met()
+    if aborted_by is not None and _taken_back(queue, before):
+        raise _aborted(save, aborted_by, "while it was being scheduled")
     unsent = None
     try:
         caller = queue.async_calls[-1][1] if _appended(queue, save) else _shapes.caller_of(queue)
@@ -144,6 +153,28 @@ def _schedule(wrapped, queue, args, kwargs):
     if unsent is not None:  # the checkpoint's failure, not the package's: raised at once
         raise unsent
     return result
+
+
+def _taken_back(queue, before):
+    """An abort of another thread met this schedule: was its save handed to the worker that
+    abort ended (or to none)? Then NVRx's record of it is taken back. Not where NVRx handed it
+    to a fresh worker (the abort came first)."""
+    calls = queue.async_calls
+    if len(calls) > before:
+        process = _workers.process_of(calls[-1][1])
+        if process is not None and not _workers.dead(process):
+            return False
+        calls.pop()
+    return True
+
+
+def _aborted(save, by, when):
+    """The error of ``save``, whose worker ``close(abort=True)`` from thread ``by`` ended."""
+    return CheckpointWorkerError(
+        f"rank {_monitor.rank()}: save #{save} was not saved: close(abort=True) (as "
+        f"abort_nvrx_checkpoint() calls it) from thread {by!r} aborted the checkpoint worker "
+        f"{when}. The next save starts a fresh worker and sends full tensors.",
+        rank=_monitor.rank(), save=save)
 
 
 def _never_sent(queue, entry, unsent):
@@ -179,21 +210,6 @@ def caller_init_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finali
         except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
             hook_failed(_target(wrapped), exc)
     return result
-
-
-def prepare_wrapper(wrapped, writer, args, kwargs):
-    """Around NVRx's ``FileSystemWriterAsync.prepare_write_data``, which comes right after a
-    save's planning collectives: where the watch is installed, this rank says it runs the
-    package (once per process group), so that the check at the schedule finds every such
-    rank's word at once."""
-    _peers.announce(_watched)
-    return wrapped(*args, **kwargs)
-
-
-def _watched():
-    """Does the failure flag ride on NVRx's (or megatron-core's) finalize all-reduce here?"""
-    return any(_state.installed(fix, "AsyncCaller.sync_all_async_calls")
-               for fix in ("worker_watch", "mcore_worker_watch"))
 
 
 def _target(wrapped):
@@ -278,6 +294,8 @@ def _finalize(wrapped, queue, args, kwargs):
             state = _workers.known(caller)
             if state is not None and state.death is not None:  # the next save starts afresh
                 _workers.forget_caller(queue, caller)
+            if _dispatch.abort_met(queue) is not None:  # aborted: nothing more is finalized
+                break
         except STOP as stop:
             _note(stop, failures)
             raise
@@ -289,8 +307,15 @@ def _finalize(wrapped, queue, args, kwargs):
                 raise
             finalized += taken[:-1]  # NVRx finalized these, then the last one raised
             failures.append((taken[-1], other))
+    found = _peers.take()  # a rank without the package: raised once NVRx's finalize is done
     if failures:
-        raise _summary(failures, finalized)
+        summary = _summary(failures, finalized)
+        if found is not None:
+            add_note(summary, f"nvrx_ipc_fix: {found}")
+        raise summary
+    if found is not None:
+        found.finalized = tuple(finalized)
+        raise found
     return finalized
 
 
@@ -425,8 +450,15 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
                 error = _lost(save, state.death)
         elif _workers.process_of(caller) is not None:
             caller.cur_item, error = _completion(caller, save, blocking)
+        elif save is not None and save not in state.completed:
+            by = _dispatch.abort_met()  # NVRx's abort let the worker go during this call?
+            if by is not None:
+                error = _aborted(save, by, "before it completed this save")
     if error is not None:
         caller.cur_item = save  # NVRx waits for nothing more here: its count is done
+        if _dispatch.abort_met() is not None:  # aborted: no collective any more
+            _consume(caller, state, save)
+            raise error
     completions = _workers.queues_of(caller)[2]
     pending = (caller.cur_item is None and completions is not None
                and _workers.process_of(caller) is not None)
@@ -467,14 +499,23 @@ class _Check:
 _checks = threading.local()
 
 
-def sync_wrapper(wrapped, caller, args, kwargs):
+def sync_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCaller.sync_all_async_calls(is_alive)``, NVRx's finalize all-reduce
     (one int summed over ranks: ``shapes.COLLECTIVE``): inside ``done_wrapper`` this rank's
-    failure flag is added to its value, and the sum is read. Anywhere else (NVRx's temporal
-    caller) it is NVRx's call alone."""
+    failure flag is added to its value, and the sum is read; anywhere else (NVRx's temporal
+    caller) it is NVRx's call alone. This rank's first in a process group is also where it
+    learns whether every rank runs the package (``worker.peers``): its own key written
+    before, the others' read after, once every rank has entered it (never while the interpreter
+    shuts down)."""
+    turn = None if _finalizing() else _peers.announce()
     check = getattr(_checks, "current", None)
-    if check is None or check.caller is not caller or check.total is not None:
-        return wrapped(*args, **kwargs)
+    rides = check is not None and check.caller is caller and check.total is None
+    result = _sync(wrapped, caller, args, kwargs, check) if rides else wrapped(*args, **kwargs)
+    _peers.check(turn, rides)
+    return result
+
+
+def _sync(wrapped, caller, args, kwargs, check):
     import torch
 
     check.world = torch.distributed.get_world_size()
@@ -549,13 +590,21 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     def unblock():
         _workers.release_join(_workers.queues_of(caller)[0])
 
+    handshake = None
     try:
-        if _shapes.abort_waits(caller) and flags(wrapped, args, kwargs, "abort")[0]:
-            _wake(caller)
+        if _dispatch.aborts(wrapped, args, kwargs):
+            handshake = _workers.queues_of(caller)[1]
+            if _shapes.abort_waits(caller):
+                _wake(caller)
     except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's abort runs as without it
         hook_failed(_target(wrapped), exc)
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
+    if handshake is not None:  # aborted: a schedule of another thread waits for it no more
+        try:
+            _workers.release_join(handshake)
+        except Exception as exc:  # noqa: BLE001 the package's defect: the abort itself is done
+            hook_failed(_target(wrapped), exc)
     if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
         try:
             _workers.abandon(caller)
@@ -628,6 +677,8 @@ def _completion(caller, save, blocking):
                 item = comp_q.get(timeout=timeout) if timeout else comp_q.get_nowait()
             except Empty:
                 return None
+            except (OSError, ValueError, EOFError):  # closed by an abort of another thread
+                return None
             if item == _workers.SENTINEL or (save is not None and isinstance(item, int)
                                              and item < save):
                 continue  # not this save's
@@ -635,6 +686,13 @@ def _completion(caller, save, blocking):
 
     def ended():
         """``(None, error)`` when the save can no longer complete, else None."""
+        by = _dispatch.abort_met()
+        if by is not None:  # the worker was aborted: it completed this save, or never will
+            item = take(0)
+            if item is None and save in _workers.state(caller).completed:
+                item = save
+            return ((item, None) if item is not None else
+                    (None, _aborted(save, by, "before it completed this save")))
         unsent = _unsent.take(caller, save)
         if unsent is not None:  # never sent (a request without a preload_fn)
             _cleanup.forget_keys()

@@ -6,14 +6,19 @@ forked, and their descendants. Without it they outlive the trainer: nothing in t
 the trainer, and the standby and its workers keep each other alive.
 
 It is started by the first ``guard`` (never at import or activation), as
-``python -S -I worker/guardian_process.py <trainer pid>``, with every descriptor but a pipe
-closed (``close_fds``; stdout and stderr to ``/dev/null``: it holds none of the trainer's
-pipes), and watches the trainer through the kernel (a pidfd, Linux 5.3+; without one, the
-pipe's EOF). ``guard`` writes ``<pid> <start time>`` to the pipe. A guarded process that ends
-is forgotten there; one the trainer leaves when it dies is killed with its descendants. At
-the trainer's clean exit the guardian sees the exit too and kills what is left (nothing,
-normally: the package's and multiprocessing's exit handlers stop the workers). A guardian
-that died is replaced by the next ``guard``, which hands the new one what is still alive.
+``python -S -I worker/guardian_process.py <trainer pid>``, with every descriptor but its
+three closed (``close_fds``: it holds none of the trainer's pipes): stdin a pipe from the
+trainer, stdout a pipe on which it says once that it watches, stderr a file in the
+package's private directory (``inside.directory()``). It watches the trainer through the
+kernel (a pidfd, Linux 5.3+; without one, the pipe's EOF). ``guard`` writes ``<pid> <start
+time>`` to the pipe. A guarded process that ends is forgotten there; one the trainer leaves
+when it dies is killed with its descendants. At the trainer's clean exit the guardian sees
+the exit too and kills what is left (nothing, normally: the package's and multiprocessing's
+exit handlers stop the workers). A guardian that was killed is replaced by the next
+``guard``, which hands the new one what is still alive. One that ended by itself or before
+it watched could not run here (a Python that cannot start ``-S -I``, no process to spare):
+none is started again in this process, one ``RuntimeWarning`` gives its exit status and
+stderr, and saves go on as NVRx's.
 
 A child made by ``os.fork()`` closes its copy of the pipe and forgets the guardian (a
 forked worker must not keep the trainer's pipe open: without pidfds that EOF is the
@@ -29,9 +34,10 @@ import threading
 import weakref
 
 from ..core import fork as _fork, shapes as _shapes, state as _state
-from ..core.log import hook_failed, logger
+from ..core.log import hook_failed, logger, warn
 from ..core.status import GUARDIAN_NOT_STARTED
 from .guardian_process import start_time
+from .inside import directory
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -51,6 +57,8 @@ class _Guardian(subprocess.Popen):
 _lock = threading.Lock()
 _process = None  # the _Guardian running for this process
 _pipe = None  # the write end of its stdin (a descriptor)
+_ready = None  # the read end of its stdout, where it says that it watches
+_broken = None  # why no guardian can run in this process: none is started again
 _guarded: dict[int, float | None] = {}  # pid -> start time, of what the guardian was told
 #: the process objects guarded (their pid is not read again)
 _seen: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -69,6 +77,8 @@ def guard(process):
     try:
         with _lock:
             _guard(process)
+    except _CannotRun:  # said once, when it was found
+        pass
     except Exception as exc:  # noqa: BLE001 the package's defect: said once
         _failure = f"{type(exc).__name__}: {exc}"
         hook_failed(__name__, exc)
@@ -79,6 +89,8 @@ def adopt(queue):
     save (the queue's persistent worker, or NVRx's process of this save) and the writers'
     results-queue managers; a guardian that died is replaced. Never raises."""
     global _adopted
+    if _broken:
+        return
     try:
         processes = tuple(_shapes.save_processes(queue))
         if processes == _adopted and _process is not None and _process.poll() is None:
@@ -86,6 +98,8 @@ def adopt(queue):
         if _process is not None:
             with _lock:
                 _running()  # one that died is replaced, and told what is still alive
+    except _CannotRun:
+        return
     except Exception as exc:  # noqa: BLE001 the package's defect: this save unguarded, said once
         hook_failed(__name__, exc)
         return
@@ -115,38 +129,51 @@ def _tell(pid, start):
         try:
             os.write(_pipe, f"{pid} {start}\n".encode())
             return
-        except BrokenPipeError:  # it died since: the next attempt starts another
+        except BrokenPipeError:  # it ended since: the next attempt starts another
             if attempt == 2:
                 raise
+            _process.wait(10)  # it closed its stdin as it exits: its status is coming
         except BlockingIOError as error:
             raise RuntimeError(
                 f"the guardian (pid {_process.pid}) does not read its pipe") from error
 
 
+class _CannotRun(Exception):
+    """No guardian can run in this process (``_broken`` says why)."""
+
+
 def _running():
-    """Start the guardian if none runs; a new one is told what is still alive."""
-    global _process, _pipe, _started
+    """Start the guardian if none runs; a new one is told what is still alive. Raises
+    ``_CannotRun`` where none can run here."""
+    global _process, _pipe, _ready, _started
     if _process is not None and _process.poll() is None:
         return
     if _process is not None:
-        logger.warning("nvrx_ipc_fix: the guardian (pid %s) ended (exit status %s); another "
-                       "takes over", _process.pid, _process.returncode)
-        os.close(_pipe)
-        _process = _pipe = None
+        _ended()
+    if _broken:
+        raise _CannotRun(_broken)
     from multiprocessing import spawn  # the interpreter multiprocessing spawns with
 
     read, write = os.pipe()
+    ready, said = os.pipe()
     try:
-        _process = _Guardian([spawn.get_executable(), "-S", "-I", PROGRAM, str(os.getpid())],
-                             stdin=read, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, close_fds=True, cwd="/")
-    except BaseException:
+        with open(os.path.join(directory(), "guardian.stderr"), "ab") as stderr:
+            _process = _Guardian([spawn.get_executable(), "-S", "-I", PROGRAM,
+                                  str(os.getpid())], stdin=read, stdout=said, stderr=stderr,
+                                 close_fds=True, cwd="/")
+    except BaseException as error:
         os.close(write)
+        os.close(ready)
+        if isinstance(error, OSError):  # no such interpreter, no process to spare
+            _cannot_run(f"{type(error).__name__}: {error}")
+            raise _CannotRun(_broken) from error
         raise
     finally:
         os.close(read)
+        os.close(said)
     os.set_blocking(write, False)
-    _pipe = write
+    os.set_blocking(ready, False)
+    _pipe, _ready = write, ready
     _started += 1
     for pid, start in list(_guarded.items()):
         if start_time(pid) == start:
@@ -155,11 +182,51 @@ def _running():
             del _guarded[pid]
 
 
+def _ended():
+    """The guardian has ended: forget it. One that was killed after it watched is replaced
+    by the next start; one that ended by itself (it never does while this process lives) or
+    before it watched could not run here (``_cannot_run``)."""
+    global _process, _pipe, _ready
+    try:
+        watched = os.read(_ready, 1) == b"."
+    except BlockingIOError:
+        watched = False
+    process = _process
+    os.close(_pipe)
+    os.close(_ready)
+    _process = _pipe = _ready = None
+    if watched and process.returncode < 0:
+        logger.warning("nvrx_ipc_fix: the guardian (pid %s) was killed (signal %s); another "
+                       "takes over", process.pid, -process.returncode)
+        return
+    path = os.path.join(directory(), "guardian.stderr")
+    try:
+        with open(path, "rb") as stderr:
+            said = stderr.read()[-600:].decode(errors="replace").strip()
+    except OSError:
+        said = ""
+    _cannot_run(f"the guardian (pid {process.pid}) ended with exit status "
+                f"{process.returncode} {'after' if watched else 'before'} it watched; its "
+                f"stderr ({path}): {said or '(empty)'}")
+
+
+def _cannot_run(reason):
+    """No guardian can run in this process: say so once, and start none again."""
+    global _broken
+    _broken = reason
+    message = (f"nvrx_ipc_fix: the guardian could not run ({reason}). None is started again "
+               f"in this process; its checkpoint workers may outlive it if it is killed")
+    logger.warning("%s", message)
+    warn(message, ("guardian", "cannot run"))
+
+
 @_state.on_status("guardian")
 def describe():
     """For ``status()``: the guardian's pid and how many live processes it guards, or why
     none runs; the last defect."""
     process = _process
+    if _broken:
+        return f"cannot run: {_broken}; none is started again in this process"
     failed = f"; failed ({_failure}): what was started since may outlive this process" \
         if _failure else ""
     if process is None:
@@ -167,7 +234,7 @@ def describe():
     alive = sum(start_time(pid) == start for pid, start in list(_guarded.items()))
     state = (f"running (pid {process.pid})" if process.poll() is None else
              f"ended (pid {process.pid}, exit status {process.returncode}); the next process "
-             "to guard starts another")
+             "to guard starts another, or says why none can run")
     replaced = f"; {_started - 1} replaced" if _started > 1 else ""
     return f"{state}, guarding {alive} process(es){replaced}{failed}"
 
@@ -175,13 +242,15 @@ def describe():
 def _forget():
     """In a child of ``os.fork()``: the parent's guardian is not this child's. Its pipe is
     closed here (a raw descriptor, never a file object: no lock of the parent's is taken)."""
-    global _lock, _process, _pipe, _guarded, _seen, _started, _failure, _adopted
-    if _pipe is not None:
-        os.close(_pipe)
+    global _lock, _process, _pipe, _ready, _broken, _guarded, _seen, _started, _failure
+    global _adopted
+    for fd in (_pipe, _ready):
+        if fd is not None:
+            os.close(fd)
     if _process is not None:
         _inherited.append(_process)
-    _lock, _process, _pipe, _guarded, _seen = threading.Lock(), None, None, {}, weakref.WeakSet()
-    _started, _failure, _adopted = 0, None, ()
+    _lock, _process, _pipe, _ready, _broken = threading.Lock(), None, None, None, None
+    _guarded, _seen, _started, _failure, _adopted = {}, weakref.WeakSet(), 0, None, ()
 
 
 _fork.in_child(_forget)

@@ -4,21 +4,29 @@ and reads no start-up file.
 
 Its stdin is a pipe from the trainer, on which each line ``<pid> <start time>`` names a
 process to guard (the start time, field 22 of ``/proc/<pid>/stat``, so that a pid reused
-meanwhile is never taken). It waits in one ``poll()`` on the trainer's pidfd, the pipe and
-each guarded process's pidfd: a guarded process that ends is forgotten. When the trainer is
-gone (its pidfd is readable; without pidfds, the pipe's EOF), it reads the lines still in the
-pipe, stops every guarded process and its descendants (SIGSTOP: none can fork or reap any
-more), kills them (SIGKILL, descendants first) and exits. SIGINT, SIGQUIT, SIGTERM and
-SIGHUP are ignored: a Ctrl-C (or Ctrl-\\) to the process group, a launcher's SIGTERM or a
-hang-up leaves it to end what the trainer leaves. Where it has a pidfd of the trainer, the
-pipe's EOF only means that nothing more comes (the trainer closed it: an exec); the pidfd
-says when the trainer is gone.
+meanwhile is never taken). Once it watches, it writes one byte to its stdout (a pipe the
+trainer reads only if it ends: one that never wrote it could not run). It waits in one
+``poll()`` on the trainer's pidfd, the pipe and each guarded process's pidfd: a guarded
+process that ends is forgotten. When the trainer is gone (its pidfd is readable; without
+pidfds, the pipe's EOF), it reads the lines still in the pipe and ends every guarded process
+and its descendants (``end_trees``). SIGINT, SIGQUIT, SIGTERM and SIGHUP are ignored: a
+Ctrl-C (or Ctrl-\\) to the process group, a launcher's SIGTERM or a hang-up leaves it to end
+what the trainer leaves. Where it has a pidfd of the trainer, the pipe's EOF only means that
+nothing more comes (the trainer closed it: an exec); the pidfd says when the trainer is gone.
+
+So that a guardian killed in the middle of that walk leaves no process stopped, it first
+forks a twin, to which it names each process before it stops it; when the guardian has
+ended, however, the twin walks again from the same processes (a no-op where all are gone).
 """
 
 import os
 import select
 import signal
 import sys
+import time
+
+#: /proc states of a process that cannot fork: stopped, traced, dead
+HALTED = (b"T", b"t", b"Z", b"X")
 
 
 def start_time(pid):
@@ -100,31 +108,71 @@ class Guarded:
             if mine == fd:
                 self.forget(pid)
 
-    def end(self):
-        """Stop every guarded process and its descendants, then kill them, descendants
-        first. Without pidfds, a guarded pid whose start time changed is left alone."""
-        found = {pid: fd for pid, fd in self.fds.items()
-                 if fd is not None or start_time(pid) == self.starts[pid]}
-        for pid, fd in found.items():
+    def end(self, tell=None):
+        """End every guarded process and its descendants (``end_trees``). Without pidfds, a
+        guarded pid whose start time changed is left alone."""
+        end_trees({pid: fd for pid, fd in self.fds.items()
+                   if fd is not None or start_time(pid) == self.starts[pid]}, tell)
+
+
+def end_trees(roots, tell=None, bound=2.0):
+    """Stop, then kill, the processes ``roots`` (pid -> pidfd, or None) and their
+    descendants, one generation at a time: the generation is stopped (SIGSTOP), its children
+    are listed once each of its threads has stopped (none can fork any more; ``bound``
+    seconds at most), and it is killed (SIGKILL); then the children, each taken through a
+    pidfd opened while its parent was stopped. Each child is named on ``tell`` (a
+    descriptor: ``<pid> <start time>`` lines) before anything is done to it. Returns the
+    pids ended."""
+    ended, generation = [], dict(roots)
+    while generation:
+        for pid, fd in generation.items():
             send(pid, fd, signal.SIGSTOP)
-        while True:  # each look is after the stops: a child forked before one is seen here
-            added = {}
-            for pid in found:
-                for child in children(pid):
-                    if child in found or child in added:
-                        continue
-                    fd = pidfd(child)
-                    if parent(child) != pid:  # gone (and its pid maybe reused) meanwhile
-                        if fd is not None:
-                            os.close(fd)
-                        continue
-                    added[child] = fd
-                    send(child, fd, signal.SIGSTOP)
-            if not added:
-                break
-            found.update(added)
-        for pid, fd in reversed(list(found.items())):
+        deadline = time.monotonic() + bound
+        waiting = list(generation)
+        while waiting and time.monotonic() < deadline:
+            waiting = [pid for pid in waiting if not halted(pid)]
+            if waiting:
+                time.sleep(0.001)
+        below = {}
+        for pid in generation:
+            for child in children(pid):
+                if child in below or child in generation:
+                    continue
+                fd = pidfd(child)
+                start = start_time(child)
+                if parent(child) != pid or start is None:  # gone (its pid maybe reused)
+                    if fd is not None:
+                        os.close(fd)
+                    continue
+                if tell is not None:
+                    try:
+                        os.write(tell, f"{child} {start}\n".encode())
+                    except OSError:  # the twin is gone
+                        tell = None
+                below[child] = fd
+        for pid, fd in generation.items():
             send(pid, fd, signal.SIGKILL)
+            if fd is not None and pid not in roots:
+                os.close(fd)
+        ended += generation
+        generation = below
+    return ended
+
+
+def halted(pid):
+    """Can ``pid`` no longer fork: is each of its threads stopped, or is it gone?"""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
+                if stat.read().rpartition(b")")[2].split()[0] not in HALTED:
+                    return False
+        except (OSError, IndexError):
+            continue
+    return True
 
 
 def children(pid):
@@ -157,6 +205,10 @@ def main(argv):
     if watch is not None:
         poller.register(watch, select.POLLIN)
     gone = os.getppid() != trainer  # died before it could be watched
+    try:
+        os.write(1, b".")  # it watches: the trainer's sign that it could run here
+    except OSError:
+        pass
     talking = True
     while not gone:
         for fd, _ in poller.poll():
@@ -181,7 +233,27 @@ def main(argv):
                 chunk = os.read(0, 65536)
         except BlockingIOError:
             pass
+    guarded.end(twin(guarded))
+
+
+def twin(guarded):
+    """Fork the twin that walks again once this process has ended (see the module's
+    docstring); the descriptor to name processes on, or None (no fork)."""
+    try:
+        named, tell = os.pipe()
+        if os.fork() != 0:
+            os.close(named)
+            return tell
+    except OSError:
+        return None
+    os.close(tell)
+    lines = chunk = os.read(named, 65536)
+    while chunk:  # until the guardian has ended
+        chunk = os.read(named, 65536)
+        lines += chunk
+    guarded.read(lines)
     guarded.end()
+    os._exit(0)
 
 
 if __name__ == "__main__":

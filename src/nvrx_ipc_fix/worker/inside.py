@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 
-from ..core import state as _state
 from ..core.detect import CORE, FS
 from ..core.shapes import worker_data_cache
 
@@ -217,20 +216,3 @@ def pin_host(sizes):
         return sum(b.numel() for b in blocks), f"{type(exc).__name__}: {exc}"[:500]
     finally:
         del blocks  # into the cache: pinned, and free for the save
-
-
-def describe_cache(path):
-    """Write what the worker holds to ``path`` as JSON: pid, cached keys, mapped
-    shared-memory segments (the CPU stand-in's equivalent of IPC mappings), and the
-    bytes of CUDA memory the worker has opened from other processes (None without CUDA)."""
-    cache = worker_data_cache(sys.modules[CORE])
-    with open("/proc/self/maps") as maps:
-        shm = {line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
-               for line in maps if "/dev/shm/" in line or "torch_" in line}
-    with open(path, "w") as out:
-        json.dump({"pid": os.getpid(), "keys": sorted(cache), "shm_segments": len(shm)}, out)
-
-
-@_state.on_reset
-def _reset():
-    WORKER_IMPORTS[:] = [FS]

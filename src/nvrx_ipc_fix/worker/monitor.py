@@ -237,7 +237,13 @@ def watched(process):
 
 def progress(pid, *others):
     """CPU ticks plus I/O bytes of ``pid``, of ``others`` and of their descendants, each
-    counted once; None without /proc or without ``pid``."""
+    counted once; None without /proc or without ``pid``. A stopped ``pid`` (SIGSTOP) makes
+    no progress through ``others``: a manager serving someone else is not its work."""
+    try:
+        if stat_fields(pid)[0] in (b"T", b"t"):
+            others = ()
+    except (OSError, IndexError):
+        return None
     total, seen, todo = 0, set(), [*others, pid]
     while todo:
         current = todo.pop()

@@ -1,21 +1,25 @@
-"""Does every rank run the package? Asked once per process group, at its first save, through
-the group's key-value store: a rank without the package joins no collective of ours (it has
-none), and it would read the worker watch's failure flag as "not done yet" and hang the job
-later (docs/failures.md).
+"""Does every rank run the package? Asked once per default process group, at this rank's first
+of NVRx's finalize all-reduces (``sync_all_async_calls``), through the group's key-value
+store: no collective is added, and a job where every rank runs the package waits for nothing.
 
-Each rank where the watch is installed says so (``announce``: its key, ``nvrx_ipc_fix/active/
-<rank>``, holding the package's version, and a count; the rank that completes the count sets
-``nvrx_ipc_fix/active/all``) as early as it can: at the start of NVRx's
-``FileSystemWriterAsync.prepare_write_data``, which comes right after the save's planning
-collectives, else at its first schedule. That first schedule (``check``, before NVRx's call)
-waits for ``all``, up to ``NVRX_IPC_FIX_PEERS_TIMEOUT`` seconds (default 120: a rank with the
-package says so within the save's planning, so only a rank that never will, or one held up
-for minutes between the end of those collectives and its own word, is waited for so long).
-Where not every rank said so, ``RanksWithoutPackageError`` names the ranks that did not, and
-that save is not scheduled. After a check, the group's later saves pay one comparison; a new
-default group (``destroy_process_group`` then ``init_process_group``, NVRx's in-process
-restart) is checked afresh. Where the store cannot be reached, the check cannot tell: one
-warning, ``status()`` says why, and NVRx's own behaviour stays.
+The worker watch's failure flag rides that all-reduce; a rank without the package reads a
+failed rank's flag as "not done yet" and hangs the job later (docs/failures.md). Only a
+finalize with ``no_dist=False`` makes it: a save planned in a group of its own and finalized
+with ``no_dist=True`` is never checked.
+
+Right before this rank's first such all-reduce in a group, it writes that it runs the package
+(``say``: its key, ``nvrx_ipc_fix/peers/<rank>``, and one more in a count). Once the all-reduce
+returned, every rank of the group had entered it, so every rank with the package had written
+its key: ``verdict`` reads the count. Where it is short, the first rank to claim the work finds
+the ranks without a key (few calls where few are missing) and publishes them; a rank whose key
+could not be written (each store call is tried 4 times: ``PAUSES``) marks that as soon as the
+store answers it, and the ranks then cannot tell, never accuse. Each rank then takes its key
+away and the last one sets the count back: a new default group on the same store
+(``destroy_process_group`` then ``init_process_group``) starts clean. Where the flag rides the
+all-reduce (a persistent worker's finalize), the finalize raises ``RanksWithoutPackageError``
+once, after NVRx's own finalize of the save (``take``). Where it cannot be told (a store error
+after every try; keys an earlier group left behind), one warning, ``status()`` says why, and
+NVRx's behaviour stays.
 """
 
 from __future__ import annotations
@@ -26,147 +30,171 @@ import time
 import weakref
 from datetime import timedelta
 
-from ..core import __version__, config as _config, fork as _fork, state as _state
+from ..core import __version__, fork as _fork, state as _state
 from ..core.errors import RanksWithoutPackageError
 from ..core.status import PEERS_NOT_CHECKED as NOT_CHECKED
 
-PREFIX = "nvrx_ipc_fix/active/"
-COUNT, ALL = PREFIX + "count", PREFIX + "all"
-SLICE = 5.0  # seconds of one wait on the store: an interrupt or the deadline is seen between
-TARGET = f"{__name__}:check"  # what a failure of the check is said of (``log.hook_failed``)
+PREFIX = "nvrx_ipc_fix/peers/"
+COUNT, DONE, CLAIM, FOUND, UNSURE = (PREFIX + name for name in
+                                     ("count", "done", "claim", "found", "unsure"))
+PAUSES = (0.1, 0.4, 1.6)  # seconds between the 4 tries of one store call
+UNSURE_S = 5.0  # how long the naming rank waits for a rank's mark that its word is missing
+FOUND_S = 60.0  # how long the other ranks wait for the names
+TARGET = "peers: cannot tell"  # the key of its one warning
 
 _lock = threading.Lock()
-_announced = _decided = None  # weak references to the default group announced in, decided
-_why = NOT_CHECKED  # what the last check found, for status()
-counts = {"store_calls": 0, "checks": 0}  # store calls made; checks that waited
-last: dict[str, float] = {}  # the last check: its store calls and seconds
+_checked = None  # weak reference to the default group this rank checked (or is checking)
+_found: RanksWithoutPackageError | None = None  # in that group, until a finalize is due it
+_due: RanksWithoutPackageError | None = None  # for the next finalize to raise
+_why = NOT_CHECKED  # what the check found, for status()
 
 
-def _key(rank):
-    return f"{PREFIX}{rank}"
+class Turn:
+    """One rank's part in the check of one group: the store, the rank and the group's size,
+    whether its word is in the store, and its store calls."""
 
+    __slots__ = ("store", "rank", "world", "said", "calls", "started")
 
-def _group():
-    """torch.distributed's default group, or None where it is not initialized."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    return dist.group.WORLD
+    def __init__(self, store, rank, world):
+        self.store, self.rank, self.world = store, rank, world
+        self.said, self.calls, self.started = False, 0, time.monotonic()
 
+    def call(self, name, *args):
+        """``store.<name>(*args)``, tried again after each of ``PAUSES``."""
+        for pause in PAUSES:
+            self.calls += 1
+            try:
+                return getattr(self.store, name)(*args)
+            except Exception:  # noqa: BLE001 tried again
+                time.sleep(pause)
+        self.calls += 1
+        return getattr(self.store, name)(*args)
 
-def _store():
-    """The default group's key-value store: the one place the package reaches it (a private
-    name of torch's, present in torch 2.x)."""
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()
-
-
-def _call(store, name, *args):
-    counts["store_calls"] += 1
-    return getattr(store, name)(*args)
-
-
-def _is(ref, group):
-    return ref is not None and ref() is group
-
-
-def announce(watched):
-    """Say, once per default group, that this rank runs the package where ``watched()``
-    (the worker watch is installed): from NVRx's ``prepare_write_data``, which this must
-    never break (a failure is said, and the check then cannot tell)."""
-    try:
-        group = _group()
-        if group is not None and not _is(_announced, group) and group.size() > 1 and watched():
-            _announce(group)
-    except Exception as exc:  # noqa: BLE001 no store: said once, NVRx's own
-        _cannot_tell(exc)
-
-
-def _announce(group):
-    global _announced
-    rank, world = group.rank(), group.size()
-    with _lock:
-        if _is(_announced, group):
-            return
-        _announced = weakref.ref(group)
-    store = _store()
-    _call(store, "set", _key(rank), __version__)
-    if _call(store, "add", COUNT, 1) == world:
-        _call(store, "set", ALL, str(world))
-
-
-def check():
-    """At each schedule, before NVRx's call: at the group's first, wait until every rank
-    said it runs the package; raise ``RanksWithoutPackageError`` naming those that did not.
-    The package's own failure here (the store cannot be reached) is said once, and the save
-    goes on as NVRx's alone."""
-    try:
-        group = _group()
-        if group is None or _is(_decided, group) or group.size() < 2:
-            return  # one rank: nothing to check
-        _check(group)
-    except RanksWithoutPackageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 no store: said once, NVRx's own
-        _cannot_tell(exc)
-
-
-def _check(group):
-    global _decided, _why
-    rank, world = group.rank(), group.size()
-    calls, started = counts["store_calls"], time.monotonic()
-    _announce(group)
-    before = counts["store_calls"]
-    missing = _wait(_store(), rank, world, _config.peers_timeout())
-    waited = time.monotonic() - started
-    last.update(store_calls=counts["store_calls"] - before, seconds=waited,
-                announce_calls=before - calls)
-    counts["checks"] += 1
-    if missing:
-        _why = (f"rank(s) {_ranks(missing)} of {world} did not say they run the package "
-                "(RanksWithoutPackageError raised)")
-        raise RanksWithoutPackageError(_message(rank, missing, world, waited), rank=rank,
-                                       ranks=missing, world_size=world, waited_s=waited)
-    _decided = weakref.ref(group)
-    _why = (f"every one of {world} ranks runs the package (checked at the process group's "
-            f"first save: {last['store_calls']} store call(s) in {waited * 1000:.2f} ms)")
-
-
-def _wait(store, rank, world, bound):
-    """The ranks that did not say they run the package within ``bound`` seconds (none: all
-    did). Waits in slices of ``SLICE``. A store that fails otherwise than by the wait's
-    timeout makes its ``check`` raise too: the check cannot tell."""
-    from ..core.log import logger
-
-    deadline, said = time.monotonic() + bound, False
-    while True:
-        begun = time.monotonic()
-        left = deadline - begun
+    def waited(self, key, seconds):
+        """Is ``key`` in the store within ``seconds``?"""
+        self.calls += 1
         try:
-            _call(store, "wait", [ALL], timedelta(seconds=max(min(SLICE, left), 0.001)))
-            return ()
-        except Exception:  # noqa: BLE001 its timeout, else check() below raises what is wrong
-            if _call(store, "check", [ALL]):
-                return ()
-        if time.monotonic() >= deadline:
-            return tuple(_missing(store, list(range(world))))
-        if not said and bound >= 2 * SLICE:
-            said = True
-            logger.warning("rank %s: waiting up to %g s for every rank of %d to say it runs "
-                           "nvrx-ipc-fix (%d did so far); a rank without it never does",
-                           rank, bound, world, _call(store, "add", COUNT, 0))
-        time.sleep(max(0.0, begun + min(SLICE, left) - time.monotonic()))  # a wait cut short
+            self.store.wait([key], timedelta(seconds=seconds))
+            return True
+        except Exception:  # noqa: BLE001 its timeout, or the store failed: no
+            return False
 
 
-def _missing(store, ranks):
+def say(turn):
+    """Before the rank's first all-reduce in the group: its key, then one more in the count."""
+    turn.call("set", f"{PREFIX}{turn.rank}", __version__)
+    turn.call("add", COUNT, 1)
+    turn.said = True
+
+
+def verdict(turn):
+    """After that all-reduce: the ranks that did not say they run the package (empty: every
+    rank did), or None where that cannot be told. The rank's key is taken away; the last rank
+    of the group sets the count back."""
+    if not turn.said:  # its key may be missing: every rank is told it cannot tell
+        turn.call("add", UNSURE, 1)
+        turn.call("delete_key", f"{PREFIX}{turn.rank}")
+        return None
+    count = int(turn.call("add", COUNT, 0))
+    missing = () if count == turn.world else None if count > turn.world else _named(turn, count)
+    turn.call("delete_key", f"{PREFIX}{turn.rank}")
+    if turn.call("add", DONE, 1) == count:  # every rank counted has read: start clean
+        turn.call("add", COUNT, -count)
+        turn.call("add", DONE, -count)
+        if count < turn.world:
+            for key in (CLAIM, FOUND, UNSURE):
+                turn.call("delete_key", key)
+    return missing
+
+
+def _named(turn, count):
+    """The ranks without a key, found by the first rank to claim it and published to the
+    others; None where a rank marked its word missing or the keys do not add up."""
+    if turn.call("add", CLAIM, 1) == 1:
+        missing = _missing(turn, list(range(turn.world)))
+        told = len(missing) == turn.world - count and not turn.waited(UNSURE, UNSURE_S)
+        text = ",".join(map(str, missing)) if told else "?"
+        turn.call("set", FOUND, text)
+    elif turn.waited(FOUND, FOUND_S):
+        text = turn.call("get", FOUND).decode()
+    else:
+        return None
+    return None if text == "?" else tuple(int(rank) for rank in text.split(","))
+
+
+def _missing(turn, ranks):
     """Which of ``ranks`` have no key (few store calls where few are missing)."""
-    if not ranks or _call(store, "check", [_key(r) for r in ranks]):
+    if not ranks or turn.call("check", [f"{PREFIX}{rank}" for rank in ranks]):
         return []
     if len(ranks) == 1:
         return ranks
     half = len(ranks) // 2
-    return _missing(store, ranks[:half]) + _missing(store, ranks[half:])
+    return _missing(turn, ranks[:half]) + _missing(turn, ranks[half:])
+
+
+def announce():
+    """Before one of NVRx's finalize all-reduces: where it is this rank's first in the
+    default group, this rank writes its key (``say``) and its ``Turn`` is returned (else
+    None). A failure of the store gives one warning (the check then cannot tell); it never
+    breaks NVRx's call."""
+    global _checked, _found
+    try:
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        group = dist.group.WORLD
+        if group.size() < 2 or (_checked is not None and _checked() is group):
+            return None  # one rank: nothing to check; or checked (again under the lock)
+        with _lock:
+            if _checked is not None and _checked() is group:
+                return None
+            _checked, _found = weakref.ref(group), None
+        from torch.distributed import distributed_c10d  # its one way to the store (torch 2.x)
+
+        turn = Turn(distributed_c10d._get_default_store(), group.rank(), group.size())
+    except Exception as exc:  # noqa: BLE001 no store: said once, NVRx's own
+        _cannot_tell(exc)
+        return None
+    try:
+        say(turn)
+    except Exception as exc:  # noqa: BLE001 every rank learns it (verdict)
+        _cannot_tell(exc)
+    return turn
+
+
+def check(turn, rides):
+    """After that all-reduce returned: the verdict of this rank's ``turn`` (None: not its
+    first). Where ranks are missing and the failure flag ``rides`` on the all-reduce, the
+    error is due: the finalize that made it raises it (``take``)."""
+    global _why, _found, _due
+    if turn is not None:
+        try:
+            missing = verdict(turn)
+            if missing is None and turn.said:  # else announce warned
+                raise LookupError("the ranks' words in the store do not add up (a rank could "
+                                  "not say so, or an earlier group's are left)")
+        except Exception as exc:  # noqa: BLE001 said once, NVRx's own
+            _cannot_tell(exc)
+            missing = None
+        if missing:
+            _found = RanksWithoutPackageError(_message(turn, missing), rank=turn.rank,
+                                              ranks=missing, world_size=turn.world)
+            _why = (f"rank(s) {_ranks(missing)} of {turn.world} do not run the package "
+                    "(RanksWithoutPackageError, raised once by the first finalize whose "
+                    "failure flag rides NVRx's all-reduce)")
+        elif missing is not None:
+            _why = (f"every one of {turn.world} ranks runs the package (checked at this "
+                    f"rank's first finalize all-reduce of the process group: {turn.calls} "
+                    f"store call(s), {(time.monotonic() - turn.started) * 1000:.2f} ms)")
+    if rides and _found is not None:
+        _due, _found = _found, None
+
+
+def take():
+    """The ``RanksWithoutPackageError`` a finalize raises after NVRx's own, once; None."""
+    global _due
+    error, _due = _due, None
+    return error
 
 
 def _ranks(ranks, shown=16):
@@ -174,32 +202,28 @@ def _ranks(ranks, shown=16):
     return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
-def _message(rank, missing, world, waited):
+def _message(turn, missing):
     many = len(missing) > 1
-    return (f"rank {rank}: rank{'s' if many else ''} {_ranks(missing)} of {world} "
+    return (f"rank {turn.rank}: rank{'s' if many else ''} {_ranks(missing)} of {turn.world} "
             f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from "
-            f"{'them' if many else 'it'} in the process group's store within {waited:.0f} s "
-            f"of this rank's first save; {_config.PEERS_TIMEOUT} sets how long). Where a rank "
-            "lacks it, a failed checkpoint worker hangs the job instead of raising "
-            "CheckpointWorkerError on every rank. Activate it on every rank: run `python -m "
-            "nvrx_ipc_fix doctor` with the interpreter, flags and environment of "
-            f"{'those ranks' if many else 'that rank'} (docs/activation.md). This save was not "
-            "scheduled: nothing was handed to the checkpoint worker.")
+            f"{'them' if many else 'it'} in the process group's store, though every rank had "
+            "entered NVRx's finalize all-reduce). Where a rank lacks it, a failed checkpoint "
+            "worker hangs the job instead of raising CheckpointWorkerError on every rank. "
+            "Activate it on every rank: run `python -m nvrx_ipc_fix doctor` with the "
+            f"interpreter, flags and environment of {'those ranks' if many else 'that rank'} "
+            "(docs/activation.md). Raised once, after NVRx's finalize: the saves it finalized "
+            "are saved (err.finalized), and the job may go on as with NVRx alone.")
 
 
 def _cannot_tell(exc):
-    """The store could not be reached: said once, and the group counts as decided."""
-    global _decided, _why
-    from ..core.log import hook_failed
+    """Warn once per process, and tell ``status()`` why."""
+    global _why
+    from ..core.log import warn, warn_once
 
     _why = (f"cannot tell whether every rank runs the package ({type(exc).__name__}: {exc}); "
             "NVRx's behaviour stays")
-    try:
-        group = _group()
-        _decided = None if group is None else weakref.ref(group)
-    except Exception:  # noqa: BLE001 no group to note: the failure is said below
-        pass
-    hook_failed(TARGET, exc)
+    warn_once(TARGET, "nvrx_ipc_fix: %s", _why)
+    warn(f"nvrx_ipc_fix: {_why}", TARGET)
 
 
 @_state.on_status("peers")
@@ -215,14 +239,4 @@ def _fresh_lock():
     _lock = threading.Lock()
 
 
-def _forget():
-    """At ``reset()``: nothing announced or checked."""
-    global _announced, _decided, _why
-    _announced = _decided = None
-    _why = NOT_CHECKED
-    counts.update(store_calls=0, checks=0)
-    last.clear()
-
-
 _fork.in_child(_fresh_lock)
-_state.on_reset(_forget)

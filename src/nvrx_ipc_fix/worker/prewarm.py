@@ -248,17 +248,6 @@ def stop(queue) -> bool:
     return True
 
 
-def wait_ready(queue):
-    """Wait until the worker prewarmed for ``queue`` is ready or failed; its ``_Start``
-    (``ready_s``, ``error``), or None when none waits (the scenario's ``ready`` step)."""
-    core = sys.modules.get(CORE)
-    caller = _serving(queue, core) if core is not None else None
-    start = _starts.get(caller) if caller is not None else None
-    if start is not None:
-        start.thread.join()
-    return start
-
-
 # -- starting ---------------------------------------------------------------------------------
 
 def unavailable(core):
@@ -495,11 +484,3 @@ def stop_unused():
 
 
 _state.on_deactivate(stop_unused)
-
-
-@_state.on_reset
-def _reset():
-    """(``lifecycle.reset`` stopped the unused workers first.)"""
-    global _starts, _scheduling, _sizes
-    _starts, _scheduling = weakref.WeakKeyDictionary(), weakref.WeakSet()
-    _sizes = weakref.WeakKeyDictionary()

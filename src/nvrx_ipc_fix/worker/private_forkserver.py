@@ -18,8 +18,7 @@ The server runs ``forkserver.main`` in a process of its own, and its children ar
 forkserver children as any other (multiprocessing's module state there is theirs).
 
 ``SpawnFrom`` points NVRx at such a server: NVRx asks its module's ``mp`` for
-``get_context("spawn")`` for each worker; the standby and the tests' harness put a
-``SpawnFrom`` there, the one redirection both use.
+``get_context("spawn")`` for each worker, and the standby puts a ``SpawnFrom`` there.
 """
 
 import threading

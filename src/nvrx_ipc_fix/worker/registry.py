@@ -15,7 +15,7 @@ import threading
 import weakref
 from queue import Empty
 
-from ..core import cleanup as _cleanup, fork as _fork, shapes as _shapes, state as _state
+from ..core import cleanup as _cleanup, fork as _fork, shapes as _shapes
 from ..core.detect import CORE
 from . import exit_status as _exit_status, inherited, monitor as _monitor
 
@@ -222,11 +222,3 @@ def describe_exit(code):
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}" + (": an uncaught exception" if code == 1 else "")
-
-
-@_state.on_reset
-def _reset():
-    """(The exit handler, once registered, stays: it finds no caller to stop.)"""
-    global _callers, _abandoned, _no_dist
-    _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
-    _no_dist = weakref.WeakKeyDictionary()

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from queue import Empty
 
 from ..core import cleanup as _cleanup, config as _config, dispatch as _dispatch
-from ..core import shapes as _shapes, state as _state
+from ..core import shapes as _shapes
 from ..core.detect import CORE
 from ..core.errors import STOP, add_note, annotate, deliver
 from ..core.log import logger
@@ -143,9 +143,10 @@ def _arguments(queue, strategy, timeout):
 
 #: queue -> its call_idx at the last release
 _released_at: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-#: Queues in CPU-shm mode whose writers take the IPC path all the same (a stand-in for the
-#: device keeps its worker off CUDA that way: ``treat_as_ipc``).
-_ipc_anyway: weakref.WeakSet[Any] = weakref.WeakSet()
+#: The queues of the demo's CPU stand-in for the device (``cli.fakecuda``): in CPU-shm mode
+#: only to keep CUDA out of their worker, their writers send tensors as GPU ones, which the
+#: worker caches: released as queues that hold IPC handles.
+fake_device_queues: weakref.WeakSet[Any] = weakref.WeakSet()
 _local = threading.local()
 
 
@@ -156,12 +157,7 @@ def releasing() -> bool:
 
 def holds_ipc(queue) -> bool:
     """Can this queue's worker hold CUDA IPC mappings (not CPU shared memory)?"""
-    return _shapes.holds_ipc(queue) or queue in _ipc_anyway
-
-
-def treat_as_ipc(queue):
-    """Release ``queue`` as one that holds IPC handles, although it is in CPU-shm mode."""
-    _ipc_anyway.add(queue)
+    return _shapes.holds_ipc(queue) or queue in fake_device_queues
 
 
 def has_live_worker(queue) -> bool:
@@ -184,7 +180,7 @@ def released(queue, strategy, timeout):
     held = []  # what NVRx raised in the release: the first is raised, the rest noted
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        with _dispatch.planning.releasing_region(timeout):  # or RuntimeError: nothing done
+        with _dispatch.planning.releasing_region(timeout):  # else RuntimeError, nothing released
             report = _release(queue, strategy, timeout, held)
     except Exception as defect:
         if not held:
@@ -267,7 +263,7 @@ def _release(queue, strategy, timeout, held):
         strategy = "restart"
     if not queues:
         tally.skipped.append("queues: no live AsyncCallsQueue")
-    with _dispatch.holding(queues, timeout, "release()"):  # or RuntimeError: nothing done
+    with _dispatch.holding(queues, timeout, "release()"):  # else RuntimeError, nothing released
         for q in queues:
             _release_queue(q, strategy, timeout, tally)
     trainer_cache.clear()
@@ -405,7 +401,7 @@ def run_in_worker(queue, function, args, timeout):
         error, answered = _answer(completions, _workers.process_of(caller), timeout)
         return error
     finally:
-        if not answered:
+        if not answered and _dispatch.abort_met(queue) is None:  # else that abort let it go
             process = _workers.process_of(caller)
             if process is not None and process.is_alive():
                 queue.close(abort=True)  # the worker watch wakes it for NVRx 0.7.0's
@@ -431,9 +427,3 @@ def _answer(completions, process, timeout):
         if done == _workers.SENTINEL:
             return None, True
         return f"the worker answered {done!r} instead of our request", False
-
-
-@_state.on_reset
-def _reset():
-    global _released_at, _ipc_anyway
-    _released_at, _ipc_anyway = weakref.WeakKeyDictionary(), weakref.WeakSet()

@@ -129,7 +129,7 @@ def _start():
 
 def _probe(standby, preload):
     """The thread: the standby is ready if its probe finds it fit (``_check``); else it is
-    stopped, said once, and NVRx spawns the workers. One replaced meanwhile is stopped again
+    stopped, with one warning, and NVRx spawns the workers. One replaced meanwhile is stopped again
     (the probe's fork starts a server that is not running)."""
     global _why
     try:
@@ -146,7 +146,7 @@ def _probe(standby, preload):
             standby.context.stop()
         if current:
             _why = f"{'ready' if fit else 'failed to start'} (pid {standby.pid}): {found}"
-    if not current:  # replaced, or dead, meanwhile: said there
+    if not current:  # replaced, or dead, meanwhile: logged where that happened
         return
     if fit:
         logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is ready: %s",
@@ -188,7 +188,7 @@ def _check(context, preload):
 
 
 def _died():
-    """The current standby is gone: said once."""
+    """The current standby is gone: warn once."""
     global _standby, _why, _deaths
     _deaths += 1
     _why = f"the standby (pid {_standby.pid}) died; the next restart release starts another"
@@ -258,4 +258,3 @@ def _forget():
 
 
 _fork.in_child(_forget)
-_state.on_reset(_forget)

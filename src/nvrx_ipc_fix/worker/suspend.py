@@ -43,8 +43,6 @@ if TYPE_CHECKING:
 FIX_NOT_ACTIVE = "the suspend fix is not active (see nvrx_ipc_fix.status())"
 LOCK_TIMEOUT = 10.0  # seconds the driver may take to lock an idle worker
 UNDO_TIMEOUT = 10.0  # seconds for each call that undoes a failed suspend
-#: What opens the driver (``cuda_checkpoint.load``); a CPU stand-in replaces it in tests.
-load_driver = _cc.load
 
 
 class _Suspension:
@@ -85,7 +83,7 @@ def unavailable():
     with _lock:
         if _driver is not None or _why is not None:
             return _why
-        _driver, _why = load_driver()
+        _driver, _why = _cc.load()
     if _why is not None:
         message = f"nvrx_ipc_fix: the release uses restart instead of suspend: {_why}"
         logger.warning("%s", message)
@@ -284,7 +282,7 @@ def _resume(s, timeout):
 
 def _end(queue, caller, process, why, undo, held=None):
     """After a failed suspend or resume of a live worker: end it (``_finish``); ``suspend``
-    is off from now on, said once."""
+    is off from now on, with one warning."""
     global _why
     _why = f"{why}; the worker was killed"
     try:
@@ -364,4 +362,3 @@ def _forget():
 _fork.in_child(_forget)
 # deactivate() resumes first: without the fix, nothing would resume them
 _state.on_deactivate(lambda: resume(wait=True), first=True)
-_state.on_reset(_forget)
