@@ -144,6 +144,13 @@ def session(sid):
     return found
 
 
+def ignores(pid, signum):
+    """Whether ``pid`` ignores ``signum`` (its ``SigIgn`` mask in ``/proc/<pid>/status``)."""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(line for line in status if line.startswith("SigIgn:")).split()[1]
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
 class Trainer:
     """The harness's trainer running ``steps`` (ending in ``hold``) in a session of its own: a
     child of the zygote where that stands for a fresh interpreter, else a fresh one."""
@@ -341,6 +348,12 @@ def test_a_ctrl_c_to_the_process_group_leaves_the_guardian(trainer):
     one = trainer(["save", "hold"])
     state = one.reached()
     guardian = int(state["guardian"].split("pid ", 1)[1].split(",")[0].rstrip(")"))
+    # the guardian ignores SIGINT from its first line on; before that, a loaded machine may
+    # not have run it yet (a state to wait for, not the Ctrl-C's subject)
+    deadline = time.monotonic() + REACH
+    while not ignores(guardian, signal.SIGINT):
+        assert time.monotonic() < deadline, f"the guardian never ignored SIGINT: {state}"
+        time.sleep(0.05)
     os.killpg(one.pid, signal.SIGINT)
     one.reached("interrupted")
     assert guardian in session(one.pid)
