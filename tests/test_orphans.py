@@ -429,7 +429,7 @@ def test_a_forked_child_closes_the_guardian_s_pipe_and_forgets_it():
         import nvrx_ipc_fix
         from nvrx_ipc_fix.worker import guardian
 
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         guardian.guard(sleeper)
         pipe, first = guardian._pipe, guardian._process.pid
         answer, tell = os.pipe()
@@ -529,7 +529,7 @@ def test_a_pid_that_names_another_process_by_now_is_not_guarded():
 
     package = importlib.util.find_spec("nvrx_ipc_fix").submodule_search_locations[0]
     program = runpy.run_path(os.path.join(package, "worker", "guardian_process.py"))
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         guarded = program["Guarded"](select.poll())
         start = program["start_time"](sleeper.pid)
