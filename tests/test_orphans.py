@@ -36,7 +36,7 @@ REACH = 300.0  # seconds a trainer may take to reach its state (a cold standby u
 # blocked or stopped; status().guardian); ``hold`` writes it to ``state.json`` and waits
 # to be killed (a Ctrl-C is noted in ``interrupted``, and the wait goes on); ``exit`` is
 # ``sys.exit(0)``, with no close (the exit handlers run); ``kill-guardian`` SIGKILLs the
-# guardian and reaps it.
+# guardian once it watches, and reaps it.
 PRELUDE = """
     import json, os, signal, sys, time
     import nvrx_ipc_fix
@@ -107,7 +107,12 @@ PRELUDE = """
         sys.exit(0)
 
     def _kill_guardian(trainer):
+        import select
         from nvrx_ipc_fix.worker import guardian
+        # once it watches (its byte on the pipe, left there for the package to read): one
+        # killed before is taken for one that cannot run here
+        if not select.select([guardian._ready], [], [], 120)[0]:
+            raise AssertionError("the guardian never said that it watches")
         os.kill(guardian._process.pid, signal.SIGKILL)
         guardian._process.wait(30)
 
