@@ -165,11 +165,12 @@ def stopped_then_recovered(report):
     error, recovered = mine
     assert "the finalize of save #" in error["message"] and "made progress" in error["message"]
     # reported while the worker was stopped (6 s, from when the harness saw it stopped: later
-    # than the stop itself on a loaded machine), recovered after the SIGCONT, and not so
-    # early that the 3 s bound cannot have passed: at most 5 s before the recovery
-    _, continued = stop["stopped"]
+    # than the stop itself on a loaded machine), recovered after the SIGCONT, and not before
+    # the 3 s bound has passed since the worker stopped itself (less the watch's 1 s tick:
+    # the last progress it saw may predate the stop by up to a tick)
+    stopped, _, continued = stop["stopped"]
     assert error["t"] < continued <= recovered["t"], (stop, mine)
-    assert recovered["t"] - error["t"] <= 5, (stop, mine)
+    assert error["t"] >= stopped + 3 - 1, (stop, mine)
     assert "ended after" in recovered["message"] or "progress again" in recovered["message"]
 
 
@@ -427,7 +428,7 @@ EXIT = """
     {body}
     print("saved; the interpreter closes the queue", flush=True)
 """
-EXIT_WAIT = 10.0  # seconds: the exit alone takes a second or two, or never ends
+EXIT_WAIT = 30.0  # seconds: the exit alone takes a second or two unloaded, or never ends
 
 
 def _text(path):

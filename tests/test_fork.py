@@ -12,7 +12,8 @@ import pytest
 
 from conftest import MCORE, NVRX, expect, lacks, needs_nvrx, needs_warmup, run_python, scenario
 
-EXIT_BOUND = 5.0  # seconds: the child's exit (0.06 s unloaded; the scenario counts 8 s as a hang)
+EXIT_BOUND = 20.0  # seconds: the child's exit (0.06 s unloaded; at the scenario's
+#                    FORK_EXIT_BOUND, the same, it counts as hung: a bound that holds under load)
 
 
 def clean_exits(report, count):

@@ -22,10 +22,13 @@ from nvrx_ipc_fix.worker import monitor as _monitor
 
 class FakeProcess:
     """What the monitor reads of a ``multiprocessing.Process``: a sentinel (the read end of a
-    pipe, ready once the write end is closed), ``join`` and ``exitcode``. Reading the sentinel
-    tells the test that the thread has taken this wait into its next blocking wait."""
+    pipe, ready once the write end is closed), ``join``, ``exitcode``, and a ``pid`` whose
+    progress it samples once a wait is older than a tick (a loaded machine's: this process's,
+    which makes progress). Reading the sentinel tells the test that the thread has taken this
+    wait into its next blocking wait."""
 
     exitcode = -9
+    pid = os.getpid()
 
     def __init__(self):
         self._popen = object()  # "started"
@@ -50,7 +53,7 @@ class FakeProcess:
 def test_a_death_seen_after_the_wait_ended_does_not_unblock_it():
     process, unblocked = FakeProcess(), threading.Event()
     with _monitor.watching("a handshake", lambda: process, unblocked.set) as wait:
-        assert process.seen.wait(10), "the monitor thread never looked at the wait"
+        assert process.seen.wait(120), "the monitor thread never looked at the wait"
     process.die()  # the thread is still blocked on this sentinel (a tick is up to 1 s)
     assert not unblocked.wait(2.5)
     assert wait.exitcode is None
@@ -60,9 +63,9 @@ def test_a_death_seen_after_the_wait_ended_does_not_unblock_it():
 def test_a_death_during_the_wait_unblocks_it_and_records_the_exit_code():
     process, unblocked = FakeProcess(), threading.Event()
     with _monitor.watching("a handshake", lambda: process, unblocked.set) as wait:
-        assert process.seen.wait(10)
+        assert process.seen.wait(120)
         process.die()
-        assert unblocked.wait(5)
+        assert unblocked.wait(120)
     assert wait.exitcode == -9
     process.close()
 
@@ -155,11 +158,11 @@ def test_a_stopped_worker_is_reported_while_another_process_of_the_rank_is_busy(
     _monitor.logger.addHandler(lines)
     try:
         with _monitor.watching("the finalize of save #1", lambda: worker):
-            assert lines.error.wait(30), lines.lines
+            assert lines.error.wait(120), lines.lines
             assert not lines.warning.is_set(), lines.lines  # the worker is still stopped
             continued = time.monotonic()
             os.kill(worker.pid, signal.SIGCONT)
-            assert lines.warning.wait(30), lines.lines
+            assert lines.warning.wait(120), lines.lines
     finally:
         _monitor.logger.removeHandler(lines)
         busy.end()

@@ -57,6 +57,8 @@ CALLS = """
     out["first"] = prepare(w, plan, planner) == current(state)
     out["reused"] = prepare(w, plan, planner)
     state["t1"].set_(state["t1"].clone())  # new storage, as an offload and onload gives it
+    state["t2"].set_(state["t2"].clone())  # the same; private memory, which (unlike the
+    # stand-in's shared memory) grows back in place after a resize to 0, as a GPU's does
     out["replaced"] = prepare(w, plan, planner) == current(state)
     out["replaced_then"] = prepare(w, plan, planner)
 

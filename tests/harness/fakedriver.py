@@ -68,8 +68,9 @@ class StandIn:
             return False
         return _proc_state(pid) not in (None, b"Z")  # a zombie is gone too
 
-    def _signal(self, pid, signum, stopped, timeout=10.0):
-        """Send ``signum``; return once ``pid`` is ``stopped`` (or not), or is gone."""
+    def _signal(self, pid, signum, stopped, timeout=60.0):
+        """Send ``signum``; return once ``pid`` is ``stopped`` (or not), or is gone (or at the
+        bound: what the caller then reads of its state says so)."""
         os.kill(pid, signum)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

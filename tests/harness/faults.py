@@ -90,8 +90,12 @@ def _children(pid):
     return found
 
 
-def stop_then(real, *args, **kwargs):
-    """SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
+def stop_then(marker, real, *args, **kwargs):
+    """Write the time (``time.monotonic()``, one clock for every process) to ``marker``, then
+    SIGSTOP (no progress until someone sends SIGCONT), then do the real work."""
+    with open(marker + ".tmp", "w") as out:
+        out.write(repr(time.monotonic()))
+    os.replace(marker + ".tmp", marker)
     os.kill(os.getpid(), signal.SIGSTOP)
     return real(*args, **kwargs)
 

@@ -44,8 +44,8 @@ Any step written ``<step>@<rank>`` runs on that rank only; ``<step>#<name>`` als
 entry in ``report["named"][name]``. A fault step, and a ``finalize`` step that raises,
 reports what was raised, by which call, which saves the error names as not saved, what is
 still pending after it, and what one more finalize then raises (nothing, by the protocol); a
-``fault-stop`` also when its worker was seen stopped and when it was sent SIGCONT
-(``stopped``, on the clock of the log lines' ``t``). Any step but a fault, written
+``fault-stop`` also when its worker stopped itself, when it was seen stopped and when it was
+sent SIGCONT (``stopped``, on the clock of the log lines' ``t``). Any step but a fault, written
 ``<step>?``, may raise (a call the package finalizes in), and ``calls`` reports what it
 raised. The report also holds the package's WARNING and ERROR log lines (``log``), each
 fix's state, and its totals at the end; a hang report says where the main thread waits
@@ -83,7 +83,8 @@ FS = "nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async"
 #: ``--impl`` -> the module whose AsyncCallsQueue and AsyncRequest the trainer uses
 IMPLS = {"nvrx": driver.CORE, "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
 STOP_SECONDS = 6.0  # how long fault-stop keeps the worker stopped
-FORK_EXIT_BOUND = 8.0  # seconds a forked child may take to exit before it counts as hung
+FORK_EXIT_BOUND = 20.0  # seconds a forked child may take to exit before it counts as hung
+#                        (0.06 s unloaded; it waits for ever where it hangs)
 CHANGED = "SCENARIO_ENV_CHANGED"  # the variable env-change sets
 #: Steps tests add: name -> function of the trainer (its entry goes to ``report["named"]``
 #: where the step is written ``<step>#<name>``)
@@ -203,7 +204,8 @@ class Trainer(driver.Trainer):
         self.phase = None  # "schedule" or "finalize" while a save runs
         self.workers = [None, None]  # pids of the worker before and after the last schedule
         self.call_idx = {}  # the queue's call_idx of each save -> its version
-        self.stop_window = [None, None]  # fault-stop's: worker seen stopped, SIGCONT sent
+        # fault-stop's: the worker stopped itself, was seen stopped, was sent SIGCONT
+        self.stop_window = [None, None, None]
         self.gate = None  # (gate, done): the next save's write waits and signals (gates)
         self.state, self.moves = {}, 0  # moves: how often the storage moved (replace, offload…)
         self.replace()
@@ -295,8 +297,9 @@ class Trainer(driver.Trainer):
         elif fault == "segv":
             save_fn = faults.segfault
         elif fault == "stop":
-            save_fn = partial(faults.stop_then, save_fn)
-            threading.Thread(target=self._continue_worker, daemon=True).start()
+            save_fn = partial(faults.stop_then, path + ".stopped", save_fn)
+            threading.Thread(target=self._continue_worker, args=(path + ".stopped",),
+                             daemon=True).start()
         elif fault == "write":  # the checkpoint directory becomes a file
             shutil.rmtree(path, ignore_errors=True)
             open(path, "w").close()
@@ -323,16 +326,22 @@ class Trainer(driver.Trainer):
             while worker.is_alive():
                 time.sleep(0.05)
 
-    def _continue_worker(self, limit=60.0):
+    def _continue_worker(self, marker, limit=120.0):
         """SIGCONT the worker ``STOP_SECONDS`` after it stopped itself (timed from the stop,
-        so that a slow save's handshake on a loaded machine does not shorten the stall)."""
+        so that a slow save's handshake on a loaded machine does not shorten the stall);
+        ``marker``: the file where it wrote when it stopped."""
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline and not _stopped(self.worker()):
             time.sleep(0.05)
-        self.stop_window[0] = time.monotonic()
+        self.stop_window[1] = time.monotonic()
+        try:
+            with open(marker) as stopped:
+                self.stop_window[0] = float(stopped.read())
+        except (OSError, ValueError):
+            pass
         time.sleep(STOP_SECONDS)
         worker = self.worker()
-        self.stop_window[1] = time.monotonic()  # before: nothing after it can precede it
+        self.stop_window[2] = time.monotonic()  # before: nothing after it can precede it
         if worker is not None and worker.pid:
             os.kill(worker.pid, signal.SIGCONT)
 
@@ -575,30 +584,39 @@ def _ready_step(trainer, report, index, name):
 @step("standby", adds="standby")
 def _standby_step(trainer, report, index, name):
     """Wait (up to 120 s) until the standby that restart's workers are forked from is ready
-    or failed; its pid and what ``status()`` says of it."""
+    or failed; its pid, what ``status()`` says of it, and the earlier standbys still alive
+    (waited for, up to 60 s: one that was let go exits once its last child has)."""
     from nvrx_ipc_fix.worker import standby
 
     current = standby._standby
     if current is not None:
         current.ready.wait(120.0)
     pid = getattr(current, "pid", None)
+    earlier = [s["pid"] for s in report.get("standby", []) if s["pid"] not in (None, pid)]
     return {"pid": pid, "ready": bool(current and current.ready.is_set()),
             "status": nvrx_ipc_fix.status().standby,
-            "earlier_alive": [s["pid"] for s in report.get("standby", [])
-                              if s["pid"] not in (None, pid) and standby._alive(s["pid"])]}
+            "earlier_alive": _left_alive(earlier, standby._alive)}
 
 
 @step("kill-standby", adds="standby_kills")
 def _kill_standby(trainer, report, index, name):
-    """SIGKILL the standby; its pid, and those of its children still alive 2 s later."""
+    """SIGKILL the standby; its pid, and those of its children still alive once they are
+    gone (waited for, up to 60 s)."""
     from nvrx_ipc_fix.worker import standby
     from nvrx_ipc_fix.worker.monitor import _children
 
     pid = standby._standby.pid
     children = _children(pid)
     os.kill(pid, signal.SIGKILL)
-    time.sleep(2.0)
-    return {"pid": pid, "orphans": [c for c in children if standby._alive(c)]}
+    return {"pid": pid, "orphans": _left_alive(children, standby._alive)}
+
+
+def _left_alive(pids, alive, bound=60.0):
+    """Those of ``pids`` still ``alive`` once none is, or at the bound."""
+    deadline = time.monotonic() + bound
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
 
 
 @step("kill-manager", adds="manager_kills")
