@@ -39,16 +39,16 @@ from gpu_lifecycle import SIZES  # noqa: E402  (the model sizes the other benchm
 
 def _descendants_cpu(pid):
     """CPU seconds (user + system) of each process below ``pid``: {pid: seconds}."""
-    from nvrx_ipc_fix.worker.monitor import _children, stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import children, stat_fields
 
     ticks = os.sysconf("SC_CLK_TCK")
-    seen, todo = {}, _children(pid)
+    seen, todo = {}, children(pid)
     while todo:
         child = todo.pop()
         try:
             fields = stat_fields(child)
             seen[child] = (int(fields[11]) + int(fields[12])) / ticks
-            todo.extend(_children(child))
+            todo.extend(children(child))
         except (OSError, IndexError, ValueError):
             pass
     return seen

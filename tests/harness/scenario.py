@@ -587,6 +587,7 @@ def _standby_step(trainer, report, index, name):
     or failed; its pid, what ``status()`` says of it, and the earlier standbys still alive
     (waited for, up to 60 s: one that was let go exits once its last child has)."""
     from nvrx_ipc_fix.worker import standby
+    from nvrx_ipc_fix.worker.guardian_process import alive
 
     current = standby._standby
     if current is not None:
@@ -595,7 +596,7 @@ def _standby_step(trainer, report, index, name):
     earlier = [s["pid"] for s in report.get("standby", []) if s["pid"] not in (None, pid)]
     return {"pid": pid, "ready": bool(current and current.ready.is_set()),
             "status": nvrx_ipc_fix.status().standby,
-            "earlier_alive": _left_alive(earlier, standby._alive)}
+            "earlier_alive": _left_alive(earlier, alive)}
 
 
 @step("kill-standby", adds="standby_kills")
@@ -603,12 +604,12 @@ def _kill_standby(trainer, report, index, name):
     """SIGKILL the standby; its pid, and those of its children still alive once they are
     gone (waited for, up to 60 s)."""
     from nvrx_ipc_fix.worker import standby
-    from nvrx_ipc_fix.worker.monitor import _children
+    from nvrx_ipc_fix.worker.guardian_process import alive, children
 
     pid = standby._standby.pid
-    children = _children(pid)
+    below = children(pid)
     os.kill(pid, signal.SIGKILL)
-    return {"pid": pid, "orphans": _left_alive(children, standby._alive)}
+    return {"pid": pid, "orphans": _left_alive(below, alive)}
 
 
 def _left_alive(pids, alive, bound=60.0):

@@ -52,15 +52,7 @@ class Totals:
 
 
 totals = Totals()
-_totals_lock = threading.Lock()
-
-
-def _fresh_lock():
-    global _totals_lock
-    _totals_lock = threading.Lock()
-
-
-_fork.in_child(_fresh_lock)
+_totals_lock = _fork.renewed(threading.Lock())
 
 
 def add(**deltas) -> None:

@@ -21,16 +21,9 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 _hooks: dict[str, list[Callable[[ModuleType], object]]] = {}  # module name -> [callable(module)]
-_lock = _thread.allocate_lock()  # _hooks: registered by activation, taken by the importer
+#: _hooks: registered by activation, taken by the importer
+_lock = _fork.renewed(_thread.allocate_lock())
 _searching = _thread._local()  # .names: what this thread's finder is looking up (re-entry)
-
-
-def _fresh_lock():
-    global _lock
-    _lock = _thread.allocate_lock()
-
-
-_fork.in_child(_fresh_lock)
 
 
 def when_imported(name, hook):

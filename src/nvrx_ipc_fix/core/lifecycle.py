@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .status import Status
     from .targets import Target
 
-_lock = RLock()
+_lock = _fork.renewed(RLock())
 _active = False
 _source = None  # how the current activation happened: Status.source
 #: every source that asked for activation in this process: Status.requested_by
@@ -47,14 +47,6 @@ _seen_dists: set[str] = set()
 _patches: dict[Target, Patch] = {}  # Target -> the patching.Patch of its call, while its step is in
 #: call name -> patching.Patch: every wrapper of ours in place, switched on or off
 _calls: dict[str, Patch] = {}
-
-
-def _fresh_lock():
-    global _lock
-    _lock = RLock()
-
-
-_fork.in_child(_fresh_lock)
 
 
 def activate() -> Status:

@@ -22,16 +22,9 @@ logger.addHandler(logging.NullHandler())
 
 _seen: set[Hashable] = set()
 _lock = threading.Lock()
-
-
-def _fresh_lock():
-    global _lock
-    _lock = threading.Lock()
-
-
-# the parent's may be held by a thread the child does not have; not through ``fork.in_child``,
-# which reports its callbacks' failures here
-os.register_at_fork(after_in_child=_fresh_lock)
+# fresh in a child of os.fork() (not through ``fork.renewed``: fork reports its callbacks'
+# failures here)
+os.register_at_fork(after_in_child=_lock._at_fork_reinit)  # type: ignore[attr-defined]
 
 #: Target name (or "fix target name", one fix's wrapper) -> one-line reason of the last
 #: failure inside our hook code.

@@ -339,6 +339,17 @@ def save_processes(queue):
     return [process for process in found if process is not None]
 
 
+def check_queue(queue):
+    """``TypeError`` unless ``queue`` is None or NVRx's ``AsyncCallsQueue`` (before NVRx is
+    imported: an object with its methods): the argument of ``release()`` and ``prewarm()``."""
+    cls = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)
+    if queue is None or (isinstance(queue, cls) if cls is not None else all(
+            callable(getattr(queue, name, None))
+            for name in ("schedule_async_request", "maybe_finalize_async_calls"))):
+        return
+    raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not {type(queue).__name__}")
+
+
 def is_persistent(queue):
     """Does ``queue`` keep one worker for its saves (not NVRx's process per save)?"""
     return getattr(queue, "persistent", True)

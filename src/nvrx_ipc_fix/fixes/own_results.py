@@ -45,7 +45,7 @@ FIX = "own_results"
 PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 RETRIEVE_TARGET = f"{FS}:FileSystemWriterAsync.retrieve_write_results"
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 #: writers on NVRx's shared queue whose results are not taken yet
 _shared: weakref.WeakSet[Any] = weakref.WeakSet()
 #: of those, the ones whose time in flight overlapped another's
@@ -170,8 +170,6 @@ def _share(writer):
 def _forget():
     """No save of this process is in flight (a reset), or none is this process's (a child
     of ``os.fork()``: the parent's saves)."""
-    global _lock
-    _lock = threading.Lock()
     _shared.clear()
     _mixed.clear()
     _given.clear()

@@ -22,7 +22,7 @@ import sys
 import threading
 import weakref
 
-from ..core import shapes as _shapes
+from ..core import fork as _fork, shapes as _shapes
 from ..core.cleanup import forget_keys, on_forget
 from ..core.detect import FS
 from ..core.log import hook_failed
@@ -33,7 +33,7 @@ PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 #: cache key -> (number of tensor items in the plan,
 #:               ((position among them, storage weakref, data_ptr), ...) of the cached ones)
 _sent: dict[str, tuple] = {}
-_lock = threading.Lock()  # _sent: written by the saving thread, emptied by any (a release)
+_lock = _fork.renewed(threading.Lock())  # _sent: written by the saving thread, emptied by any
 
 
 def forget_all() -> None:

@@ -54,7 +54,7 @@ class _Guardian(subprocess.Popen):
         pass
 
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 _process = None  # the _Guardian running for this process
 _pipe = None  # the write end of its stdin (a descriptor)
 _ready = None  # the read end of its stdout, where it says that it watches
@@ -242,14 +242,13 @@ def describe():
 def _forget():
     """In a child of ``os.fork()``: the parent's guardian is not this child's. Its pipe is
     closed here (a raw descriptor, never a file object: no lock of the parent's is taken)."""
-    global _lock, _process, _pipe, _ready, _broken, _guarded, _seen, _started, _failure
-    global _adopted
+    global _process, _pipe, _ready, _broken, _guarded, _seen, _started, _failure, _adopted
     for fd in (_pipe, _ready):
         if fd is not None:
             os.close(fd)
     if _process is not None:
         _inherited.append(_process)
-    _lock, _process, _pipe, _ready, _broken = threading.Lock(), None, None, None, None
+    _process, _pipe, _ready, _broken = None, None, None, None
     _guarded, _seen, _started, _failure, _adopted = {}, weakref.WeakSet(), 0, None, ()
 
 

@@ -15,7 +15,6 @@ write to, never through a symbolic link.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import importlib
 import json
@@ -25,6 +24,7 @@ import sys
 import threading
 import time
 
+from ..core import fork as _fork
 from ..core.detect import CORE, FS
 from ..core.shapes import worker_data_cache
 
@@ -43,7 +43,7 @@ pin_without_cuda: Callable[[int], Any] | None = None
 #: ``pinned`` (what ``warm_up`` pinned ahead).
 WORKER_FILE = "worker-{pid}.{kind}"
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 #: ``(the directory, the pid of the trainer that made it)``; in a worker, the directory its
 #: last request named (or its trainer's, where it was forked from it) and that trainer's pid.
 _private = (None, None)
@@ -59,15 +59,14 @@ def directory():
 
             path = tempfile.mkdtemp(prefix="nvrx_ipc_fix-")
             _private = (path, os.getpid())
-            atexit.register(_remove, path, os.getpid())
+            _fork.at_exit(_remove, path)
         return path
 
 
-def _remove(path, owner):
-    if os.getpid() == owner:  # not in a forked child that exits through the handlers
-        import shutil
+def _remove(path):
+    import shutil
 
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _told(path):

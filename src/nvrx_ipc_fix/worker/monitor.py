@@ -27,6 +27,7 @@ from ..core import config as _config, fork as _fork, shapes as _shapes
 from ..core.detect import FS, MCORE_FS
 from ..core.log import logger
 from . import exit_status as _exit_status
+from .guardian_process import children, stat_fields
 
 
 class Wait:
@@ -253,7 +254,7 @@ def progress(pid, *others):
         try:
             fields = stat_fields(current)
             total += int(fields[11]) + int(fields[12])  # utime, stime
-            todo.extend(_children(current))
+            todo.extend(children(current))
         except (OSError, ValueError, IndexError):
             if current == pid:
                 return None
@@ -265,23 +266,3 @@ def progress(pid, *others):
         except (OSError, ValueError, IndexError):
             pass
     return total
-
-
-def stat_fields(pid):
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first); OSError
-    without /proc or without that process."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        return stat.read().rsplit(b")", 1)[1].split()
-
-
-def _children(pid):
-    """``pid``'s children; OSError without that process (a thread that ends meanwhile is
-    skipped)."""
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", "rb") as children:
-                found.extend(int(child) for child in children.read().split())
-        except OSError:
-            continue
-    return found

@@ -42,7 +42,7 @@ UNSURE_S = 5.0  # how long the naming rank waits for a rank's mark that its word
 FOUND_S = 60.0  # how long the other ranks wait for the names
 TARGET = "peers: cannot tell"  # the key of its one warning
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())  # what was checked holds in a child: the parent's group
 _checked = None  # weak reference to the default group this rank checked (or is checking)
 _found: RanksWithoutPackageError | None = None  # in that group, until a finalize is due it
 _due: RanksWithoutPackageError | None = None  # for the next finalize to raise
@@ -230,13 +230,3 @@ def _cannot_tell(exc):
 def describe():
     """For ``status()``: what the check of every rank found."""
     return _why
-
-
-def _fresh_lock():
-    """In a child of ``os.fork()``: the parent's lock may be held by a thread the child does
-    not have (what was checked holds: the child has the parent's group)."""
-    global _lock
-    _lock = threading.Lock()
-
-
-_fork.in_child(_fresh_lock)

@@ -38,8 +38,6 @@ WARNING; the save then pins as usual.
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
 import threading
 import time
@@ -104,21 +102,20 @@ class _Start:
         self.thread = None
 
 
-_lock = threading.RLock()  # check-and-start, hand-over; never taken by the waiting thread
-_reported = threading.Lock()  # a failure is counted and logged once
+#: check-and-start, hand-over; never taken by the waiting thread
+_lock = _fork.renewed(threading.RLock())
+_reported = _fork.renewed(threading.Lock())  # a failure is counted and logged once
 #: PersistentAsyncCaller -> _Start, until a save takes it
 _starts: weakref.WeakKeyDictionary[Any, _Start] = weakref.WeakKeyDictionary()
 _scheduling: weakref.WeakSet[Any] = weakref.WeakSet()  # queues inside schedule_async_request
 #: queue -> byte sizes of the CUDA tensors it last sent
 _sizes: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
-_exit_pid = None  # the process that registered _at_exit (a forked child inherits the handler)
 
 
 def _forget_the_parent():
-    """In a child of ``os.fork()``: fresh locks, and none of the parent's workers (the child
-    never started them; ``worker.inherited`` detaches NVRx's objects from them)."""
-    global _lock, _reported, _starts, _scheduling
-    _lock, _reported = threading.RLock(), threading.Lock()
+    """In a child of ``os.fork()``: none of the parent's workers (the child never started
+    them; ``worker.inherited`` detaches NVRx's objects from them)."""
+    global _starts, _scheduling
     _starts, _scheduling = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
 
@@ -137,9 +134,7 @@ def prewarm(queue: Any = None) -> PrewarmReport:
     the rank). Callable from any thread; the report says what was started and what skipped.
     """
     began = time.perf_counter()
-    if queue is not None and not callable(getattr(queue, "schedule_async_request", None)):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
+    _shapes.check_queue(queue)
     resume(queue, wait=False)
     return start(queue, began)
 
@@ -152,9 +147,6 @@ def start(queue=None, began=None):
     why = unavailable(core)
     if why is not None:
         return PrewarmReport((), (f"all: {why}",), time.perf_counter() - began)
-    if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
     queues = [queue] if queue is not None else _shapes.live_queues(core)
     return start_for(queues, core, began)
 
@@ -233,7 +225,7 @@ def idle(queue) -> bool:
     if caller is None:
         return False
     return caller in _starts or (caller is not _shapes.caller_of(queue)
-                                 and _alive(caller.process))
+                                 and _workers.alive(caller.process))
 
 
 def stop(queue) -> bool:
@@ -270,11 +262,6 @@ def _serving(queue, core):
     return caller
 
 
-def _alive(process):
-    """Is ``process`` a started process that has not exited?"""
-    return _monitor.started_process(process) is not None and process.exitcode is None
-
-
 def _blocked(queue, core, rank):
     """Why ``queue`` gets no worker now, or None (a dead unused worker is let go on the way)."""
     if not _shapes.is_persistent(queue):
@@ -289,12 +276,12 @@ def _blocked(queue, core, rank):
     start = _starts.get(caller) if caller is not None else None
     own = caller is _shapes.caller_of(queue)
     if start is not None:
-        if start.error is None and _alive(process):
+        if start.error is None and _workers.alive(process):
             state = "ready" if start.ready_s is not None else "starting"
             where = "its prewarmed worker" if own else "the prewarmed worker in NVRx's warm-up slot"
             return f"{where} (pid {process.pid}) is {state}"
         _unusable(caller, start)
-    elif _alive(process):
+    elif _workers.alive(process):
         if own:
             return f"its worker (pid {process.pid}) is running"
         return (f"NVRx's warm-up worker (pid {process.pid}) waits in its slot for the first queue "
@@ -315,7 +302,6 @@ def _start(queue, core, rank, slot):
     """Start ``queue``'s worker and the thread that waits for its answer; its ``_Start``. The
     worker goes to the queue's caller (NVRx makes one as for a save), or with ``slot`` and
     no caller yet to NVRx's warm-up slot, by NVRx's own ``warmup_persistent_caller``."""
-    global _exit_pid
     caller = _shapes.caller_of(queue)
     slot = slot and caller is None
     try:
@@ -340,9 +326,7 @@ def _start(queue, core, rank, slot):
             _let_go(queue, caller, _starts.pop(caller, None))
         raise
     _cleanup.add(prewarms=1)
-    if _exit_pid != os.getpid():
-        _exit_pid = os.getpid()
-        atexit.register(_at_exit)
+    _fork.at_exit(stop_unused)
     return start
 
 
@@ -425,7 +409,7 @@ def take_over(queue):
         if _starts.get(caller) is not start:
             return  # stopped meanwhile
         del _starts[caller]
-        if start.error is None and _alive(start.process):
+        if start.error is None and _workers.alive(start.process):
             return  # ready: this save takes it
         _unusable(caller, start)
     _let_go(queue, caller, start)
@@ -445,7 +429,7 @@ def _let_go(queue, caller, start):
     if start is not None:
         start.cancelled = True
     process = caller.process
-    if _alive(process):
+    if _workers.alive(process):
         process.terminate()
         process.join(5.0)
         if process.exitcode is None:
@@ -460,13 +444,6 @@ def _let_go(queue, caller, start):
     for owner in [queue] if queue is not None else _shapes.live_queues(core):
         _shapes.detach_caller(owner, caller)  # its next save starts afresh
     _shapes.empty_slot(core, caller)
-
-
-def _at_exit():
-    """``stop_unused`` at the exit of the process that started the workers, never in a
-    forked child that inherited this handler."""
-    if _exit_pid == os.getpid():
-        stop_unused()
 
 
 def stop_unused():

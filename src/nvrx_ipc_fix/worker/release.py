@@ -135,9 +135,7 @@ def _arguments(queue, strategy, timeout):
     strategy = check_strategy(_config.strategy() if strategy is None else strategy)
     timeout = (_config.release_timeout() if timeout is None
                else _config.seconds(timeout, "timeout"))
-    if queue is not None and not callable(getattr(queue, "maybe_finalize_async_calls", None)):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
+    _shapes.check_queue(queue)
     return strategy, timeout
 
 
@@ -162,8 +160,7 @@ def holds_ipc(queue) -> bool:
 
 def has_live_worker(queue) -> bool:
     """Is this queue's persistent worker running?"""
-    worker = _workers.process_of(_shapes.caller_of(queue))
-    return worker is not None and worker.is_alive()
+    return _workers.alive(_workers.process_of(_shapes.caller_of(queue)))
 
 
 def saved_since_release(queue) -> bool:
@@ -251,9 +248,6 @@ def _release(queue, strategy, timeout, held):
                "this NVRx has no worker cache")
         return ReleaseReport(strategy, 0, time.perf_counter() - start, 0, False, False, 0,
                              (f"all: {why}",))
-    if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
     queues = [queue] if queue is not None else _shapes.live_queues(core)
     keys = _cleanup.cached_key_count() + len(trainer_cache)
     tally = _Tally(held)
@@ -402,8 +396,7 @@ def run_in_worker(queue, function, args, timeout):
         return error
     finally:
         if not answered and _dispatch.abort_met(queue) is None:  # else that abort let it go
-            process = _workers.process_of(caller)
-            if process is not None and process.is_alive():
+            if _workers.alive(_workers.process_of(caller)):
                 queue.close(abort=True)  # the worker watch wakes it for NVRx 0.7.0's
             else:
                 _workers.abandon(caller)
@@ -421,7 +414,7 @@ def _answer(completions, process, timeout):
         try:
             done = completions.get(timeout=min(left, 0.2))
         except Empty:
-            if process is not None and process.exitcode is not None:
+            if _workers.dead(process):
                 return f"the worker died ({_workers.describe_exit(process.exitcode)})", False
             continue
         if done == _workers.SENTINEL:

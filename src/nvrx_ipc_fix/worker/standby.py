@@ -37,7 +37,7 @@ from ..core.log import hook_failed, logger
 from ..core.status import STANDBY_NOT_STARTED
 from . import guardian as _guardian, private_forkserver
 from .inside import WORKER_IMPORTS
-from .monitor import stat_fields
+from .guardian_process import alive
 
 _ROOM = __name__.rsplit(".", 1)[0]
 #: What the standby imports ahead (``__main__`` is not: each worker imports it, as spawned).
@@ -58,24 +58,12 @@ class _Standby:
         self.error = None  # why it never got ready
 
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 _standby = None  # the current _Standby (a failed one too, until the environment changes)
 _why = STANDBY_NOT_STARTED  # why none serves, for status()
 _forks = 0  # workers forked from a standby
 _deaths = 0
 _replaced = 0  # standbys replaced because the environment changed
-
-
-def _alive(pid):
-    """Is ``pid`` a process that has not exited (a zombie has)?"""
-    try:
-        return stat_fields(pid)[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
 
 
 def start():
@@ -95,7 +83,7 @@ def _start():
         return
     with _lock:
         current = _standby
-        if current is not None and current.error is None and not _alive(current.pid):
+        if current is not None and current.error is None and not alive(current.pid):
             _died()
         elif current is not None and dict(os.environ) == current.environ:
             return  # serving, getting ready, or failed in this very environment
@@ -205,7 +193,7 @@ def _usable():
     standby = _standby
     if standby is None or not standby.ready.is_set():
         return None
-    if not _alive(standby.pid):
+    if not alive(standby.pid):
         _died()
         return None
     if dict(os.environ) != standby.environ:
@@ -252,8 +240,8 @@ def describe():
 def _forget():
     """In a child of ``os.fork()``, or at ``reset()``: no standby is ours (a child cannot use
     its parent's server: it is not the child's child)."""
-    global _lock, _standby, _why, _forks, _deaths, _replaced
-    _lock, _standby, _forks, _deaths, _replaced = threading.Lock(), None, 0, 0, 0
+    global _standby, _why, _forks, _deaths, _replaced
+    _standby, _forks, _deaths, _replaced = None, 0, 0, 0
     _why = STANDBY_NOT_STARTED
 
 

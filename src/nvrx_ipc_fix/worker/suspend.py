@@ -22,8 +22,6 @@ watch raises it from the next save's finalize.
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
 import threading
 import time
@@ -59,7 +57,7 @@ class _Suspension:
         self.resumed = threading.Event()
 
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 _suspended: dict[int, _Suspension] = {}  # pid -> _Suspension, until resumed
 #: queues whose worker a failed suspend or resume ended
 _ended: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -69,7 +67,6 @@ _counts = {"suspends": 0, "resumes": 0}
 #: The last suspend's and resume's timings: ``pid``, ``checkpoint_s`` (lock and checkpoint),
 #: ``restore_s`` (restore and unlock), ``resumed_at`` (``time.perf_counter()``).
 last: dict[str, float] = {}
-_exit_pid = None
 
 
 def unavailable():
@@ -167,7 +164,6 @@ def suspend(queue, caller, timeout, held=None):
     why not, the worker then closed or killed (``queue``'s next save starts a fresh one) and
     ``suspend`` off in this process. What NVRx's close raises then goes to ``held`` (the
     release's: raised by its caller once the release is done), else it is raised."""
-    global _exit_pid
     process = caller.process
     pid, began = process.pid, time.monotonic()
     deadline = began + timeout
@@ -194,9 +190,7 @@ def suspend(queue, caller, timeout, held=None):
         _counts["suspends"] += 1
         last.clear()
         last.update(pid=pid, checkpoint_s=time.monotonic() - began)
-        if _exit_pid != os.getpid():
-            _exit_pid = os.getpid()
-            atexit.register(_at_exit)
+    _fork.at_exit(resume, None, True)
     logger.info("suspended the NVRx checkpoint worker (pid %s) in %.2f s: nothing of it is on "
                 "the device until it resumes", pid, time.monotonic() - began)
     return None
@@ -345,15 +339,10 @@ def describe():
             f"resume(s), {len(_suspended)} suspended now")
 
 
-def _at_exit():
-    if _exit_pid == os.getpid():
-        resume(wait=True)
-
-
 def _forget():
     """In a child of ``os.fork()``, or at ``reset()``: no worker is suspended by us."""
-    global _lock, _suspended, _ended, _driver, _why
-    _lock, _suspended, _ended = threading.Lock(), {}, weakref.WeakSet()
+    global _suspended, _ended, _driver, _why
+    _suspended, _ended = {}, weakref.WeakSet()
     _driver = _why = None
     _counts.update(suspends=0, resumes=0)
     last.clear()
