@@ -21,9 +21,10 @@ The regions (``targets``):
   its call neither returns nor raises before the abort is done.
 
 A save's planning (``prepare_write_data``, fix ``clear_on_close``: ``planning``) waits for a
-release in another thread to end; where it plans to send only a cache key (the worker's cache
-must stay as it is until the save reaches the worker), the save is *planned* until its
-schedule, and a release in another thread waits for it (bounded) before it touches anything.
+release in another thread to end; then the save is *planned* from before NVRx looks up its
+cache key until the planning ends, and where it plans to send only that key (the worker's
+cache must stay as it is until the save reaches the worker), until its schedule. A release in
+another thread waits for the planned saves (bounded) before it touches anything.
 """
 
 from __future__ import annotations
@@ -318,18 +319,27 @@ class Planning:
     @contextmanager
     def planning(self, writer):
         """Around one ``prepare_write_data``: wait for a release in another thread (unless this
-        thread has planned saves a release already waits for); then, where the save sends
-        only a cache key, keep it planned until this thread's next schedule."""
-        me = threading.get_ident()
+        thread has planned saves a release already waits for); then the save is planned, from
+        before NVRx looks up its cache key (a release that begins meanwhile waits), until
+        this thread's next schedule where it sends only that key, else until the planning
+        ends."""
+        from .shapes import reused
+
+        me, plan = threading.get_ident(), weakref.ref(writer)
         with self.cond:
             while self._foreign() and not self._live(me):
                 self.cond.wait()
-        yield
-        from .shapes import reused
-
-        if reused(writer):
-            with self.cond:
-                self.planned.setdefault(me, []).append(weakref.ref(writer))
+            self.planned.setdefault(me, []).append(plan)
+        kept = False
+        try:
+            yield
+            kept = reused(writer)
+        finally:
+            if not kept:
+                with self.cond:
+                    self.planned[me].remove(plan)
+                    self._live(me)
+                    self.cond.notify_all()
 
     def _live(self, ident):
         refs = [ref for ref in self.planned.get(ident, ()) if ref() is not None]
@@ -384,8 +394,8 @@ class Planning:
         else:
             threads = sorted(ident for ident in self.planned if ident != me)
             what = (f"the save(s) planned on thread(s) {', '.join(map(str, threads))} to be "
-                    "scheduled (they send only a cache key: releasing now would drop the "
-                    "cache they name)")
+                    "scheduled (a save that sends only a cache key: releasing now would drop "
+                    "the cache it names)")
         return (f"nvrx_ipc_fix: release() waited {timeout:g} s for {what}; nothing was "
                 "released. Call it from the thread that saves, or between saves")
 
