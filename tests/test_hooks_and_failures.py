@@ -60,6 +60,68 @@ def test_invalid_env_values_warn_once(tmp_path):
 
 
 @needs_cache
+def test_the_guard_warns_once_records_the_reason_and_lets_a_checkpoint_failure_through():
+    """``core.log.guard``, around the package's own bookkeeping: a defect there (a KeyError,
+    three times) is one RuntimeWarning and one WARNING, ``status()`` names it for its target,
+    and the block's caller can fall back (``failed``); a checkpoint's failure is never caught:
+    the package's ``CheckpointWorkerError``, torch's ``CheckpointException``, an interrupt,
+    and an exception raised inside NVRx each reach the caller as raised."""
+    result = run_python("""
+        import json, logging, warnings
+        import nvrx_ipc_fix
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
+            FileSystemWriterAsync)
+        from torch.distributed.checkpoint.api import CheckpointException
+        from nvrx_ipc_fix.core.errors import CheckpointWorkerError
+        from nvrx_ipc_fix.core.log import guard
+        from nvrx_ipc_fix.fixes.clear_on_close import CLOSE_TARGET
+
+        records = []
+        handler = logging.Handler(); handler.emit = records.append
+        logging.getLogger("nvrx_ipc_fix").addHandler(handler)
+        failed = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                with guard(CLOSE_TARGET, fix="clear_on_close") as it:
+                    {}["the package's own record"]
+                    failed.append("not reached")
+                failed.append(type(it.failed).__name__)
+
+        def nvrx():
+            FileSystemWriterAsync.get_save_function_and_args(object())
+
+        def raises(failure):
+            raise failure
+
+        through = []
+        for call in (lambda: raises(CheckpointWorkerError("the worker died")),
+                     lambda: raises(CheckpointException("save failed", {})),
+                     lambda: raises(KeyboardInterrupt()), nvrx):
+            try:
+                with guard(CLOSE_TARGET, fix="clear_on_close") as it:
+                    call()
+                through.append(None)
+            except BaseException as exc:
+                through.append(type(exc).__name__)
+        target = [t for t in nvrx_ipc_fix.status().targets
+                  if t.fix == "clear_on_close" and t.target == CLOSE_TARGET][0]
+        print(json.dumps({"failed": failed, "through": through, "state": str(target.state),
+                          "reason": target.reason,
+                          "logged": [r.getMessage() for r in records
+                                     if r.levelno == logging.WARNING],
+                          "shown": [[w.category.__name__, str(w.message)] for w in caught]}))
+    """)
+    assert result["failed"] == ["KeyError"] * 3, result
+    assert len(result["shown"]) == 1 and result["shown"][0][0] == "RuntimeWarning", result
+    assert "the package's own record" in result["shown"][0][1], result
+    assert len(result["logged"]) == 1, result
+    assert result["state"] == "error" and "KeyError" in result["reason"], result
+    assert result["through"][:3] == ["CheckpointWorkerError", "CheckpointException",
+                                     "KeyboardInterrupt"], result
+    assert result["through"][3] not in (None, "KeyError"), result  # NVRx's own, as raised
+
+
 def test_failing_cleanup_leaves_close_working_and_reports_error():
     """One WARNING on the package logger and one RuntimeWarning (shown by default),
     attributed to the user's call, however often the hook fails."""

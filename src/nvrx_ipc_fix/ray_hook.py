@@ -86,7 +86,7 @@ def _hook(then):
                         f"nvrx_ipc_fix: not importable in this Ray worker ({sys.executable}, "
                         f"pid {os.getpid()}): NVRx checkpoints saved here run without the fix. "
                         f"Check with `python -m nvrx_ipc_fix doctor --python {sys.executable}`\n")
-            except Exception:  # noqa: BLE001 no stderr: the worker goes on
+            except (OSError, ValueError, AttributeError):  # no stderr: the worker goes on
                 pass
         except Exception:  # noqa: BLE001 a broken install: never stop the worker
             nvrx_ipc_fix = None

@@ -40,7 +40,7 @@ import importlib.util
 from importlib import metadata
 try:
     nvrx = metadata.version("nvidia-resiliency-ext")
-except Exception:
+except (ImportError, OSError, ValueError):  # not installed, or a broken dist-info
     nvrx = None
 print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "nvrx": nvrx,
                   "importable": importlib.util.find_spec("nvrx_ipc_fix") is not None}))

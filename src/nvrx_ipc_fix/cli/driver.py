@@ -242,12 +242,13 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096):
             raise ValueError(f"unknown step {step!r} (known: {', '.join(STEPS)})")
         key, function = STEPS[step]
         watchdog.begin(index)
+        ended = False
         try:
             entry = function(trainer)
-        except BaseException:
-            if HUNG.is_set():  # reported: the watchdog ends the process
+            ended = True
+        finally:
+            if not ended and HUNG.is_set():  # reported: the watchdog ends the process
                 threading.Event().wait()
-            raise
         watchdog.end()
         if key is not None:
             report.setdefault(key, []).append(entry)

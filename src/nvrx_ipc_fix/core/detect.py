@@ -43,7 +43,7 @@ def distribution_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-    except Exception:  # noqa: BLE001 a broken dist-info must not break status()
+    except (ImportError, OSError, ValueError, TypeError):  # a broken dist-info: unknown
         return "unknown"
 
 
@@ -135,7 +135,7 @@ def untested(dist: str, version: str | None) -> bool:
         from packaging.version import Version
 
         found, newest = Version(version), Version(TESTED[dist])
-    except Exception:  # noqa: BLE001 InvalidVersion; packaging missing
+    except (ImportError, ValueError):  # InvalidVersion; packaging missing
         return True
     width = max(len(found.release), len(newest.release))
 

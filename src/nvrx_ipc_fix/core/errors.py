@@ -97,15 +97,29 @@ def annotate(exc, failure):
         exc.__context__ = failure
 
 
+class shown_with:
+    """``with shown_with(failure):`` an exception that ends the block shows ``failure`` (a
+    failed checkpoint the call met first; None: nothing to show) with it (``annotate``)."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self, failure):
+        self.failure = failure
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, traceback):
+        if exc is not None and self.failure is not None:
+            annotate(exc, self.failure)
+
+
 def deliver(failure, call):
     """Run ``call()`` (the work of the user's call that the package finalized in), then raise
     ``failure``, a failure of the checkpoint met on the way, if any. Where ``call()`` raises
     too, its exception propagates, ``failure`` shown with it (``annotate``)."""
     if failure is None:
         return call()
-    try:
+    with shown_with(failure):
         call()
-    except BaseException as exc:
-        annotate(exc, failure)
-        raise
     raise failure

@@ -1,10 +1,12 @@
 """The package logger (``nvrx_ipc_fix``, ``NullHandler`` by default, a stderr handler at
 ``NVRX_IPC_FIX_LOG_LEVEL``: ``configure``), warn-once, the ``RuntimeWarning`` that names the
 user's line (``warn``), the warnings about settings (``setting_problem``: held back during
-start-up until a patched module is imported), and hook errors.
+start-up until a patched module is imported), and the package's own defects (``hook_failed``;
+``guard``, the one context manager around its own code).
 
 Imported only when something is logged or warned, so that activation does not import
-``logging``. Imports ``state`` alone: every other module may deliver its warnings here.
+``logging``. Imports ``state`` and ``errors`` alone: every other module may deliver its
+warnings here.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+
+from .errors import CheckpointWorkerError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -55,6 +59,46 @@ def hook_failed(target, exc, fix=None):
     warn(message, key)
 
 
+class guard:
+    """``with guard(target, fix=None) as it:`` around the package's own bookkeeping (modelled
+    on sentry-python's ``capture_internal_exceptions``). An ``Exception`` raised in the block
+    is a defect of the package: ``hook_failed`` says it once and records it for
+    ``status()``, the block ends there and ``it.failed`` holds it, so that the caller falls
+    back to NVRx's own behaviour. A checkpoint's failure is never caught: a
+    ``BaseException`` that is no ``Exception`` (an interrupt, torch's
+    ``CheckpointException``), the package's ``CheckpointWorkerError``, and whatever a frame
+    of NVRx, megatron-core or torch raised pass through."""
+
+    __slots__ = ("target", "fix", "failed")
+
+    def __init__(self, target, fix=None):
+        self.target, self.fix, self.failed = target, fix, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, traceback):
+        if exc is None or not isinstance(exc, Exception) or _checkpoint_failure(exc, traceback):
+            return False
+        self.failed = exc
+        hook_failed(self.target, exc, self.fix)
+        return True
+
+
+#: modules whose exceptions are the checkpoint's, never the package's
+_THEIRS = ("nvidia_resiliency_ext", "megatron", "torch")
+
+
+def _checkpoint_failure(exc, traceback):
+    if isinstance(exc, CheckpointWorkerError):
+        return True
+    while traceback is not None:
+        if traceback.tb_frame.f_globals.get("__name__", "").partition(".")[0] in _THEIRS:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
 #: keys of the RuntimeWarnings given in this process (settings: (name, raw))
 _warned: set[Hashable] = set()
 
@@ -78,13 +122,13 @@ def warn(message, *keys):
 
     try:
         warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
-    except Exception:  # noqa: BLE001 -W error: printed instead, never raised
+    except Warning:  # -W error: printed instead, never raised
         import sys
 
         try:
             sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
                              f"breaks the program it patches): {message}\n")
-        except Exception:  # noqa: BLE001 no stderr
+        except (OSError, ValueError, AttributeError):  # no stderr
             pass
     return True
 
@@ -212,5 +256,5 @@ def _caller_level():
                 frame = frame.f_back
             level += 1
         return level if frame is not None else entered
-    except Exception:  # noqa: BLE001 no frames (another Python): the caller of the reader
+    except (AttributeError, ValueError):  # no frames (another Python): the caller of the reader
         return 2

@@ -310,7 +310,7 @@ def detach_worker(caller, process):
             setattr(cls, name, None)
     try:
         caller.process = None
-    except Exception:  # noqa: BLE001 NVRx's attribute not settable: the registry forgets it anyway
+    except (AttributeError, TypeError):  # not settable: the registry forgets it anyway
         pass
 
 

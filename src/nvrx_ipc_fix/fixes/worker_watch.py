@@ -61,7 +61,7 @@ from queue import Empty
 from ..core import cleanup as _cleanup, dispatch as _dispatch, shapes as _shapes
 from ..core.arguments import flags, replaced, values
 from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
-from ..core.log import hook_failed, logger
+from ..core.log import guard, logger
 from ..worker import guardian as _guardian, inside as _worker, monitor as _monitor
 from ..worker import peers as _peers, registry as _workers, unsent as _unsent
 
@@ -92,7 +92,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
 
 def _schedule(wrapped, queue, args, kwargs):
     target = _target(wrapped)
-    try:
+    with guard(target) as it:
         caller = _shapes.caller_of(queue)
         if _workers.abandoned(caller):  # NVRx 0.4.1 keeps a closed caller
             _workers.forget_caller(queue, caller)  # as 0.5.0+ does: the save makes a fresh one
@@ -105,15 +105,12 @@ def _schedule(wrapped, queue, args, kwargs):
         sent_args, sent_kwargs = (((sent, *args[1:]), kwargs) if args else
                                   ((), {**kwargs, "async_request": sent}))
         dead = _workers.dead(process)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(target, exc)
+    if it.failed:
         return wrapped(*args, **kwargs)
     if dead:  # died while idle: sending would only pile up
-        try:
+        with guard(target):  # the count changes last: NVRx sends, watched below
             return _died_before(queue, entry(save, caller, request), process,
                                 "before the save, while idle")
-        except Exception as exc:  # noqa: BLE001 the count changes last: NVRx sends, watched below
-            hook_failed(target, exc)
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
         _workers.release_join(_workers.queues_of(_shapes.caller_of(queue))[1])
@@ -136,7 +133,7 @@ def _schedule(wrapped, queue, args, kwargs):
     if aborted_by is not None and _taken_back(queue, before):
         raise _aborted(save, aborted_by, "while it was being scheduled")
     unsent = None
-    try:
+    with guard(target):  # the finalize still meets a dead worker (done_wrapper)
         caller = queue.async_calls[-1][1] if _appended(queue, save) else _shapes.caller_of(queue)
         if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
             return _died_before(queue, entry(save, caller, request), _workers.process_of(caller),
@@ -148,8 +145,6 @@ def _schedule(wrapped, queue, args, kwargs):
             _workers.state(caller).outstanding.append(save)
         else:
             _never_sent(queue, entry(save, caller, request), unsent)
-    except Exception as exc:  # noqa: BLE001 the finalize still meets a dead worker (done_wrapper)
-        hook_failed(target, exc)
     if unsent is not None:  # the checkpoint's failure, not the package's: raised at once
         raise unsent
     return result
@@ -205,10 +200,8 @@ def caller_init_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finali
     raises at once (``_schedule``), or, without a ``preload_fn``, its finalize."""
     result = wrapped(*args, **kwargs)
     if not _finalizing():
-        try:
+        with guard(_target(wrapped)):
             _unsent.watch(caller)
-        except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-            hook_failed(_target(wrapped), exc)
     return result
 
 
@@ -273,11 +266,10 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
 
 
 def _finalize(wrapped, queue, args, kwargs):
-    try:
+    with guard(_target(wrapped)) as it:
         blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
         _workers.finalized_with(queue, no_dist)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(_target(wrapped), exc)
+    if it.failed:
         blocking = False
     calls, finalized, failures = queue.async_calls, [], []
     while True:
@@ -334,8 +326,11 @@ class _Held:
         _holding.__dict__.setdefault("calls", []).append(self)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, exc, traceback):
+        """An exception that ends the call shows the failure held first (``annotate``)."""
         _holding.calls.pop()
+        if exc is not None and self.failures:
+            annotate(exc, self.failures[0])
 
     @classmethod
     def keeps(cls, queue, failure):
@@ -361,12 +356,7 @@ def queue_close_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finaliz
     if _finalizing():
         return wrapped(*args, **kwargs)
     with _Held(queue) as held:
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            if held.failures:
-                annotate(exc, held.failures[0])
-            raise
+        result = wrapped(*args, **kwargs)
     if held.failures:
         raise held.failures[0]
     return result
@@ -376,10 +366,9 @@ def terminate_wrapper(wrapped, instance, args, kwargs):
     """Around Megatron's and Bridge's ``maybe_finalize_async_save``: with ``terminate=True``,
     when the finalize it starts with ends in a failed checkpoint, the rest of the call (the
     saves behind, the close) still runs, then the failure is raised."""
-    try:
+    with guard(_target(wrapped)) as it:
         terminate, = flags(wrapped, args, kwargs, "terminate")
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(_target(wrapped), exc)
+    if it.failed:
         terminate = False
     if not terminate:
         return wrapped(*args, **kwargs)
@@ -591,25 +580,19 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
         _workers.release_join(_workers.queues_of(caller)[0])
 
     handshake = None
-    try:
+    with guard(_target(wrapped)):  # NVRx's abort runs as without it
         if _dispatch.aborts(wrapped, args, kwargs):
             handshake = _workers.queues_of(caller)[1]
             if _shapes.abort_waits(caller):
                 _wake(caller)
-    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's abort runs as without it
-        hook_failed(_target(wrapped), exc)
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
     if handshake is not None:  # aborted: a schedule of another thread waits for it no more
-        try:
+        with guard(_target(wrapped)):  # the abort itself is done
             _workers.release_join(handshake)
-        except Exception as exc:  # noqa: BLE001 the package's defect: the abort itself is done
-            hook_failed(_target(wrapped), exc)
     if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
-        try:
+        with guard(_target(wrapped)):  # the close itself is done
             _workers.abandon(caller)
-        except Exception as exc:  # noqa: BLE001 the package's defect: the close itself is done
-            hook_failed(_target(wrapped), exc)
     return result
 
 
@@ -629,11 +612,7 @@ def _wake(caller):
 
 def worker_loop_wrapper(wrapped, instance, args, kwargs):
     """Around the worker's loop, in the worker: leave the traceback for the trainer."""
-    try:
-        return wrapped(*args, **kwargs)
-    except Exception:
-        _worker.leave_traceback()
-        raise
+    return _worker.reporting(None, wrapped, *args, **kwargs)
 
 
 # -- failure handling -------------------------------------------------------------------------

@@ -34,7 +34,8 @@ import threading
 import weakref
 
 from ..core import fork as _fork, shapes as _shapes, state as _state
-from ..core.log import hook_failed, logger, warn
+from ..core import log as _log
+from ..core.log import logger, warn
 from ..core.status import GUARDIAN_NOT_STARTED
 from .guardian_process import start_time
 from .inside import directory
@@ -74,14 +75,14 @@ def guard(process):
     descendants if this process dies first; starts the guardian the first time. Never
     raises: a defect of the package warns once and ``status().guardian`` says why."""
     global _failure
-    try:
-        with _lock:
-            _guard(process)
-    except _CannotRun:  # said once, when it was found
-        pass
-    except Exception as exc:  # noqa: BLE001 the package's defect: said once
-        _failure = f"{type(exc).__name__}: {exc}"
-        hook_failed(__name__, exc)
+    with _log.guard(__name__) as it:
+        try:
+            with _lock:
+                _guard(process)
+        except _CannotRun:  # said once, when it was found
+            pass
+    if it.failed:
+        _failure = f"{type(it.failed).__name__}: {it.failed}"
 
 
 def adopt(queue):
@@ -91,17 +92,17 @@ def adopt(queue):
     global _adopted
     if _broken:
         return
-    try:
-        processes = tuple(_shapes.save_processes(queue))
-        if processes == _adopted and _process is not None and _process.poll() is None:
-            return  # the same objects as the last save's, guarded by a live guardian
-        if _process is not None:
-            with _lock:
-                _running()  # one that died is replaced, and told what is still alive
-    except _CannotRun:
-        return
-    except Exception as exc:  # noqa: BLE001 the package's defect: this save unguarded, said once
-        hook_failed(__name__, exc)
+    with _log.guard(__name__) as it:  # a defect: this save unguarded
+        try:
+            processes = tuple(_shapes.save_processes(queue))
+            if processes == _adopted and _process is not None and _process.poll() is None:
+                return  # the same objects as the last save's, guarded by a live guardian
+            if _process is not None:
+                with _lock:
+                    _running()  # one that died is replaced, and told what is still alive
+        except _CannotRun:
+            return
+    if it.failed:
         return
     for process in processes:
         guard(process)
@@ -156,21 +157,22 @@ def _running():
 
     read, write = os.pipe()
     ready, said = os.pipe()
+    started = False
     try:
         with open(os.path.join(directory(), "guardian.stderr"), "ab") as stderr:
             _process = _Guardian([spawn.get_executable(), "-S", "-I", PROGRAM,
                                   str(os.getpid())], stdin=read, stdout=said, stderr=stderr,
                                  close_fds=True, cwd="/")
-    except BaseException as error:
-        os.close(write)
-        os.close(ready)
-        if isinstance(error, OSError):  # no such interpreter, no process to spare
-            _cannot_run(f"{type(error).__name__}: {error}")
-            raise _CannotRun(_broken) from error
-        raise
+        started = True
+    except OSError as error:  # no such interpreter, no process to spare
+        _cannot_run(f"{type(error).__name__}: {error}")
+        raise _CannotRun(_broken) from error
     finally:
         os.close(read)
         os.close(said)
+        if not started:
+            os.close(write)
+            os.close(ready)
     os.set_blocking(write, False)
     os.set_blocking(ready, False)
     _pipe, _ready = write, ready

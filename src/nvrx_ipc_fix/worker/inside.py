@@ -116,7 +116,7 @@ def _leave(kind, text):
         with open(out, "w", encoding="utf-8") as file:
             file.write(text)
         return True
-    except Exception:  # noqa: BLE001 never raises in the worker: False, nothing written
+    except (OSError, ValueError):  # never raises in the worker: False, nothing written
         return False
     finally:
         os.close(folder)
@@ -166,7 +166,7 @@ def warm_up(modules, sizes=(), standby=None, path=None):
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 imported when needed
+        except Exception:  # noqa: BLE001 a module's own import error: imported when needed
             pass
     if sizes:
         began = time.perf_counter()
@@ -211,7 +211,7 @@ def pin_host(sizes):
         for size in sizes:
             blocks.append(allocate(int(size)))
         return sum(b.numel() for b in blocks), None
-    except Exception as exc:  # noqa: BLE001 reported with what was pinned
+    except (RuntimeError, MemoryError, OSError, ValueError) as exc:  # reported with what was pinned
         return sum(b.numel() for b in blocks), f"{type(exc).__name__}: {exc}"[:500]
     finally:
         del blocks  # into the cache: pinned, and free for the save

@@ -25,7 +25,7 @@ from multiprocessing import connection
 
 from ..core import config as _config, fork as _fork, shapes as _shapes
 from ..core.detect import FS, MCORE_FS
-from ..core.log import logger
+from ..core.log import guard, logger
 from . import exit_status as _exit_status
 from .guardian_process import children, stat_fields
 
@@ -54,7 +54,7 @@ def dist_rank():
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_rank()
-    except Exception:  # noqa: BLE001 torch.distributed cannot say: no rank
+    except (RuntimeError, ValueError):  # torch.distributed cannot say: no rank
         pass
     return None
 
@@ -79,7 +79,7 @@ def exitcode(process, settle=1.0):
     try:
         process.join(settle)
         return process.exitcode
-    except Exception:  # noqa: BLE001 no exit code to read: unknown
+    except (AssertionError, ValueError, OSError):  # not our child, or closed: unknown
         return None
 
 
@@ -151,12 +151,9 @@ class _Monitor:
 
     @staticmethod
     def _failed(exc):
-        try:
-            from ..core.log import hook_failed
+        from ..core.log import hook_failed
 
-            hook_failed("nvrx_ipc_fix.worker.monitor", exc)
-        except BaseException:  # noqa: BLE001 the report itself raised (-W error): the watch goes on
-            pass
+        hook_failed("nvrx_ipc_fix.worker.monitor", exc)  # never raises, even with -W error
 
     def _died(self, wait, process):
         code = exitcode(process)
@@ -168,11 +165,8 @@ class _Monitor:
                 return
             wait.exitcode = -1 if code is None else code  # -1: gone, code unknown
             if wait.unblock is not None:
-                try:
+                with guard("nvrx_ipc_fix.worker.monitor"):  # the death is reported all the same
                     wait.unblock()
-                except Exception as exc:  # noqa: BLE001 the death is reported all the same
-                    logger.error("rank %s: could not end %s after the worker died: %s",
-                                 rank(), wait.where, exc)
 
     def _check_progress(self, wait, now, bound):
         if wait.exitcode is not None:

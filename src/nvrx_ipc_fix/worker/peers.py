@@ -41,6 +41,9 @@ PAUSES = (0.1, 0.4, 1.6)  # seconds between the 4 tries of one store call
 UNSURE_S = 5.0  # how long the naming rank waits for a rank's mark that its word is missing
 FOUND_S = 60.0  # how long the other ranks wait for the names
 TARGET = "peers: cannot tell"  # the key of its one warning
+#: what a call on torch's store raises when the store fails or times out (DistStoreError and
+#: DistNetworkError are RuntimeErrors)
+STORE_ERRORS = (RuntimeError, OSError, ValueError)
 
 _lock = _fork.renewed(threading.Lock())  # what was checked holds in a child: the parent's group
 _checked = None  # weak reference to the default group this rank checked (or is checking)
@@ -65,7 +68,7 @@ class Turn:
             self.calls += 1
             try:
                 return getattr(self.store, name)(*args)
-            except Exception:  # noqa: BLE001 tried again
+            except STORE_ERRORS:  # tried again
                 time.sleep(pause)
         self.calls += 1
         return getattr(self.store, name)(*args)
@@ -76,7 +79,7 @@ class Turn:
         try:
             self.store.wait([key], timedelta(seconds=seconds))
             return True
-        except Exception:  # noqa: BLE001 its timeout, or the store failed: no
+        except STORE_ERRORS:  # its timeout, or the store failed: no
             return False
 
 
@@ -152,12 +155,12 @@ def announce():
         from torch.distributed import distributed_c10d  # its one way to the store (torch 2.x)
 
         turn = Turn(distributed_c10d._get_default_store(), group.rank(), group.size())
-    except Exception as exc:  # noqa: BLE001 no store: said once, NVRx's own
+    except (AttributeError, *STORE_ERRORS) as exc:  # no store: said once, NVRx's own
         _cannot_tell(exc)
         return None
     try:
         say(turn)
-    except Exception as exc:  # noqa: BLE001 every rank learns it (verdict)
+    except STORE_ERRORS as exc:  # every rank learns it (verdict)
         _cannot_tell(exc)
     return turn
 
@@ -173,7 +176,7 @@ def check(turn, rides):
             if missing is None and turn.said:  # else announce warned
                 raise LookupError("the ranks' words in the store do not add up (a rank could "
                                   "not say so, or an earlier group's are left)")
-        except Exception as exc:  # noqa: BLE001 said once, NVRx's own
+        except (LookupError, *STORE_ERRORS) as exc:  # said once, NVRx's own
             _cannot_tell(exc)
             missing = None
         if missing:

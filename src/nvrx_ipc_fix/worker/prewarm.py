@@ -49,7 +49,7 @@ from queue import Empty
 from ..core import cleanup as _cleanup, config as _config, fork as _fork, shapes as _shapes
 from ..core import state as _state
 from ..core.detect import CORE
-from ..core.log import logger
+from ..core.log import guard, logger
 from . import guardian as _guardian, monitor as _monitor, registry as _workers
 from . import standby as _standby
 from .inside import WORKER_IMPORTS, directory, take_file, warm_up
@@ -304,6 +304,7 @@ def _start(queue, core, rank, slot):
     no caller yet to NVRx's warm-up slot, by NVRx's own ``warmup_persistent_caller``."""
     caller = _shapes.caller_of(queue)
     slot = slot and caller is None
+    started = False
     try:
         with _standby.starting(core) as standby:  # forked from the standby, if it serves
             if slot:  # interrupted, NVRx's own caller is collected, and closes its worker
@@ -321,10 +322,10 @@ def _start(queue, core, rank, slot):
         start.thread = threading.Thread(target=_await_ready, args=(caller, start),
                                         name="nvrx_ipc_fix-prewarm", daemon=True)
         start.thread.start()
-    except BaseException:  # failed or interrupted: leave no worker behind
-        if caller is not None and caller.process is not None:
+        started = True
+    finally:  # failed or interrupted: leave no worker behind
+        if not started and caller is not None and caller.process is not None:
             _let_go(queue, caller, _starts.pop(caller, None))
-        raise
     _cleanup.add(prewarms=1)
     _fork.at_exit(stop_unused)
     return start
@@ -357,7 +358,7 @@ def _await_ready(caller, start):
                             "" if start.standby is None else ", forked from the standby",
                             start.ready_s, start.pinned_bytes / _cleanup.GIB)
                 return
-    except Exception as exc:  # noqa: BLE001 its queues were closed under it
+    except (OSError, ValueError, EOFError) as exc:  # its queues were closed under it
         if not start.cancelled:
             _failed(start, f"could not be watched ({type(exc).__name__}: {exc})")
 
@@ -454,10 +455,8 @@ def stop_unused():
         unused = list(_starts.items())
         _starts.clear()
     for caller, start in unused:
-        try:
+        with guard(__name__):  # at exit or deactivate(): the others still stop
             _let_go(None, caller, start)
-        except Exception:  # noqa: BLE001 at exit or deactivate(): the others still stop
-            pass
 
 
 _state.on_deactivate(stop_unused)

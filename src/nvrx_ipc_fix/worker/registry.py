@@ -166,12 +166,12 @@ def abandon(caller):
             try:
                 q.cancel_join_thread()
                 q.close()
-            except Exception:  # noqa: BLE001 a dead worker's queue: closed as far as it goes
+            except (OSError, ValueError, AttributeError):  # closed as far as it goes
                 pass
     if _monitor.started_process(process) is not None:
         try:
             process.join(1.0)
-        except Exception:  # noqa: BLE001 a dead worker's process: forgotten all the same
+        except (AssertionError, ValueError, OSError):  # forgotten all the same
             pass
     forget_process(caller, process)
     if _cleanup.cached_key_count():

@@ -34,7 +34,7 @@ from queue import Empty
 from ..core import cleanup as _cleanup, config as _config, dispatch as _dispatch
 from ..core import shapes as _shapes
 from ..core.detect import CORE
-from ..core.errors import STOP, add_note, annotate, deliver
+from ..core.errors import STOP, add_note, deliver, shown_with
 from ..core.log import logger
 from . import prewarm as _prewarm, registry as _workers, standby as _standby, suspend as _suspend
 
@@ -121,12 +121,8 @@ def offloading(queue: Any = None, *, strategy: str | None = None,
     def after():
         onload(strategy, queue)
 
-    try:
+    with shown_with(failure):
         yield report
-    except BaseException as exc:
-        if failure is not None:
-            annotate(exc, failure)
-        raise
     deliver(failure, after)
 
 
@@ -179,7 +175,7 @@ def released(queue, strategy, timeout):
     try:
         with _dispatch.planning.releasing_region(timeout):  # else RuntimeError, nothing released
             report = _release(queue, strategy, timeout, held)
-    except Exception as defect:
+    except Exception as defect:  # noqa: BLE001 re-raised, unless NVRx's failure is held
         if not held:
             raise
         from ..core.log import hook_failed

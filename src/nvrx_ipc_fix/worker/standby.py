@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 from ..core import config as _config, fork as _fork, log as _log, state as _state
 from ..core.detect import CORE
-from ..core.log import hook_failed, logger
+from ..core.log import guard, logger
 from ..core.status import STANDBY_NOT_STARTED
 from . import guardian as _guardian, private_forkserver
 from .inside import WORKER_IMPORTS
@@ -70,10 +70,8 @@ def start():
     """At a ``restart`` release: start the standby in a thread if none serves, or replace one
     whose environment changed; never blocks, never raises (a defect here warns once, and
     NVRx spawns the workers)."""
-    try:
+    with guard(__name__):  # NVRx spawns, as without it
         _start()
-    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx spawns, as without it
-        hook_failed(__name__, exc)
 
 
 def _start():
@@ -104,7 +102,7 @@ def _start():
             context = private_forkserver.Context([*preload, PROBE])
             context.start()
             _guardian.guard(context.pid)  # with it, whatever it forked
-        except Exception as exc:  # noqa: BLE001 no forkserver here: NVRx spawns
+        except (OSError, EOFError, RuntimeError, ValueError) as exc:  # no forkserver: NVRx spawns
             _standby, _why = None, f"could not start ({type(exc).__name__}: {exc})"
             logger.warning("nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns "
                            "them", _why)
@@ -122,7 +120,7 @@ def _probe(standby, preload):
     global _why
     try:
         fit, found = _check(standby.context, preload)
-    except Exception as exc:  # noqa: BLE001 the probe's failure: the standby is unfit, NVRx spawns
+    except (OSError, EOFError, RuntimeError, ValueError) as exc:  # unfit: NVRx spawns
         fit, found = False, f"its probe failed: {type(exc).__name__}: {exc}"
     with _lock:
         current = _standby is standby
@@ -209,10 +207,9 @@ def starting(core):
     """Around NVRx's ``_start_worker`` in ``prewarming``: yields the standby's pid if the
     worker is forked from it, else None (NVRx spawns it)."""
     with _lock:
-        try:
+        with guard(__name__) as it:
             standby = _usable() if _config.standby() else None
-        except Exception as exc:  # noqa: BLE001 the package's defect: NVRx spawns, as without it
-            hook_failed(__name__, exc)
+        if it.failed:  # NVRx spawns, as without it
             standby = None
         real = getattr(core, "mp", None)
         if standby is None or not callable(getattr(real, "get_context", None)):

@@ -167,6 +167,7 @@ def suspend(queue, caller, timeout, held=None):
     process = caller.process
     pid, began = process.pid, time.monotonic()
     deadline = began + timeout
+    settled = False
     try:
         state = _driver.state(pid, _left(deadline))
         if state != _cc.RUNNING:
@@ -174,7 +175,9 @@ def suspend(queue, caller, timeout, held=None):
                                   f"running:", state)
         _driver.lock(pid, min(LOCK_TIMEOUT, _left(deadline)))
         _driver.checkpoint(pid, _left(deadline))
+        settled = True
     except (_cc.DriverError, _cc.Timeout) as exc:
+        settled = True
         if process.exitcode is not None:  # a worker death: the watch reports it at the next save
             return (f"the checkpoint worker (pid {pid}) died during its suspend "
                     f"({_workers.describe_exit(process.exitcode)})")
@@ -182,9 +185,9 @@ def suspend(queue, caller, timeout, held=None):
         # a call past its deadline may still lock the worker later: never close it then
         _end(queue, caller, process, why, undo=not isinstance(exc, _cc.Timeout), held=held)
         return why
-    except BaseException:  # interrupted: its state is unknown, and no one resumes it
-        _finish(queue, caller, process, undo=False)
-        raise
+    finally:
+        if not settled:  # interrupted: its state is unknown, and no one resumes it
+            _finish(queue, caller, process, undo=False)
     with _lock:
         _suspended[pid] = _Suspension(queue, caller, process)
         _counts["suspends"] += 1
@@ -213,7 +216,7 @@ def ready(queue=None, caller=None):
                  or (queue is not None and s.queue() is queue)]
     try:
         _resuming(found, wait=True)
-    except Exception as exc:  # noqa: BLE001 the package's own defect: no worker may stay suspended
+    except RuntimeError as exc:  # no thread to resume in: no worker may stay suspended
         for s in found:
             if s.thread is None:  # its resume could not start: end it, as a failed resume
                 with _lock:
