@@ -119,7 +119,7 @@ def _schedule(wrapped, queue, args, kwargs):
                            lambda: _workers.process_of(_shapes.caller_of(queue)), unblock) as wait:
         try:
             result = wrapped(*sent_args, **sent_kwargs)
-        except BaseException as exc:  # an interrupt, say: the other ranks must still learn
+        except BaseException as exc:  # noqa: BLE001 an interrupt, say: the others must learn
             caller = _shapes.caller_of(queue)
             if (queue.call_idx == save and not _appended(queue, save) and caller is not None
                     and _dispatch.abort_met() is None):
@@ -259,7 +259,7 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         return _finalize(wrapped, queue, args, kwargs)
     except STOP:
         raise
-    except BaseException as failure:
+    except BaseException as failure:  # noqa: BLE001 re-raised unless a close or terminate holds it
         if _Held.keeps(queue, failure):
             return list(getattr(failure, "finalized", ()))
         raise
@@ -291,7 +291,7 @@ def _finalize(wrapped, queue, args, kwargs):
         except STOP as stop:
             _note(stop, failures)
             raise
-        except BaseException as other:  # torch's CheckpointException is a BaseException
+        except BaseException as other:  # noqa: BLE001 torch's CheckpointException too
             left = {entry[0] for entry in calls}
             taken = [save for save in before if save not in left]
             if not (blocking and taken):
@@ -377,7 +377,7 @@ def terminate_wrapper(wrapped, instance, args, kwargs):
             result = wrapped(*args, **kwargs)
         except STOP:
             raise
-        except BaseException as again:  # the close's own: raised after what came first
+        except BaseException as again:  # noqa: BLE001 the close's own: raised after what came first
             if not held.failures:
                 raise
             add_note(held.failures[0], f"nvrx_ipc_fix: completing the terminate then raised "

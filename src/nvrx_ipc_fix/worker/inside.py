@@ -83,7 +83,7 @@ def reporting(path, function, *args, **kwargs):
     _told(path)
     try:
         return function(*args, **kwargs)
-    except Exception:
+    except Exception:  # noqa: BLE001 re-raised, its traceback left for the trainer first
         leave_traceback()
         raise
 

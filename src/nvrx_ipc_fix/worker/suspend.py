@@ -312,7 +312,7 @@ def _finish(queue, caller, process, undo, held=None):
         if how == "closed" and queue is not None:
             try:
                 queue.close()
-            except BaseException as failure:  # NVRx's: not the package's to catch
+            except BaseException as failure:  # noqa: BLE001 NVRx's: not the package's to catch
                 if held is None or isinstance(failure, STOP):
                     raise
                 held.append(failure)
