@@ -38,7 +38,7 @@ PRELUDE = """
     from harness import gates, scenario
     from harness.stacks import in_frame
     from nvrx_ipc_fix.cli.driver import Watchdog
-    from nvrx_ipc_fix.worker.monitor import stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
     BOUND = {bound}
 

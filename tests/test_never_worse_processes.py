@@ -29,7 +29,7 @@ import time
 import pytest
 
 from conftest import NVRX, needs_nvrx, run_python, scenario
-from nvrx_ipc_fix.worker.monitor import stat_fields
+from nvrx_ipc_fix.worker.guardian_process import stat_fields
 from test_orphans import Trainer, session
 
 pytestmark = [needs_nvrx, pytest.mark.worker]

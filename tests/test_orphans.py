@@ -41,7 +41,7 @@ PRELUDE = """
     import json, os, signal, sys, time
     import nvrx_ipc_fix
     from harness import scenario as _s
-    from nvrx_ipc_fix.worker.monitor import stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
     _out = os.environ["ORPHANS_DIR"]
 

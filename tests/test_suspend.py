@@ -31,7 +31,7 @@ pytestmark = [needs_cache, pytest.mark.worker]
 PRELUDE = """
     import sys
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.worker.monitor import stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import stat_fields
     from harness import scenario as _s
 
     def _proc_state(pid):

@@ -17,7 +17,7 @@ import threading
 import time
 
 from nvrx_ipc_fix.worker import cuda_checkpoint as cc
-from nvrx_ipc_fix.worker.monitor import stat_fields
+from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
 OS_ERROR, ILLEGAL_STATE, TIMEOUT = 304, 401, 909  # CUresult codes
 FAULTS = {

@@ -75,7 +75,7 @@ import torch.distributed as dist
 from harness import faults, gates, stacks
 from nvrx_ipc_fix.cli import driver, fakecuda
 from nvrx_ipc_fix.cli.driver import HUNG, kwargs_accepted
-from nvrx_ipc_fix.worker.monitor import stat_fields
+from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
 import nvrx_ipc_fix
 

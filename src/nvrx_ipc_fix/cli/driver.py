@@ -319,26 +319,16 @@ class Watchdog:
         """End this process's descendants (NVRx's worker, its writer processes, the results
         manager: stopped, then killed, as the guardian ends them) and the process, with no
         clean-up but the scratch, which none of them can write into any more."""
-        from ..worker.guardian_process import children, end_trees, pidfd
+        from ..worker.guardian_process import alive, children, end_trees, pidfd
 
         found = end_trees({pid: pidfd(pid) for pid in children(os.getpid())})
         multiprocessing.active_children()  # reaps the children multiprocessing started
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_running(pid) for pid in found):
+        while time.monotonic() < deadline and any(map(alive, found)):
             time.sleep(0.01)
         if _scratch is not None:  # os._exit runs no clean-up
             shutil.rmtree(_scratch, ignore_errors=True)
         os._exit(0)
-
-
-def _running(pid):
-    """Is ``pid`` still a process that can write (not gone, not a zombie)?"""
-    from ..worker.monitor import stat_fields
-
-    try:
-        return stat_fields(pid)[0] != b"Z"
-    except OSError:  # gone
-        return False
 
 
 def main(argv=None):
