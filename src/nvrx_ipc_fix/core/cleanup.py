@@ -97,8 +97,9 @@ def forget_keys() -> None:
         forget()
 
 
-def clear_trainer_caches(reason: str, free_before: int | None = None,
-                         keys: int | None = None) -> Cleanup | None:
+def clear_trainer_caches(
+    reason: str, free_before: int | None = None, keys: int | None = None
+) -> Cleanup | None:
     """Empty the writer's caches, collect garbage and release CUDA IPC blocks.
 
     ``free_before`` is the device's free memory measured before the worker was closed,
@@ -131,7 +132,8 @@ def _clear(reason: str, free_before: int | None, keys: int | None) -> Cleanup:
     add(cleanups=1, keys_cleared=keys, freed_bytes=freed or 0)
     logger.info(
         "cleared %d cached checkpoint key(s) after %s%s (%.2f s)",
-        keys, reason,
+        keys,
+        reason,
         "" if freed is None else f"; freed {freed / GIB:.2f} GiB on this device",
         done.seconds,
     )

@@ -57,14 +57,20 @@ class Rest:
 
     def __call__(self, *args, **kwargs):
         steps, index = self._steps, self._index
-        wrapped = (self.__wrapped__ if index + 1 == len(steps) else
-                   Rest(steps, index + 1, self.__wrapped__, self._instance, self._names))
+        wrapped = (
+            self.__wrapped__
+            if index + 1 == len(steps)
+            else Rest(steps, index + 1, self.__wrapped__, self._instance, self._names)
+        )
         return steps[index](wrapped, self._instance, args, kwargs)
 
 
 def _names(function):
-    return {name: getattr(function, name) for name in ("__module__", "__qualname__", "__name__")
-            if hasattr(function, name)}
+    return {
+        name: getattr(function, name)
+        for name in ("__module__", "__qualname__", "__name__")
+        if hasattr(function, name)
+    }
 
 
 class Dispatch:
@@ -157,12 +163,14 @@ def holding(queues, timeout, why):
     with ExitStack() as stack:
         for queue in sorted(queues, key=id):
             lock = queue_lock(queue)
-            if not lock.acquire(timeout=max(0.0, min(deadline - time.monotonic(),
-                                                     threading.TIMEOUT_MAX))):
+            if not lock.acquire(
+                timeout=max(0.0, min(deadline - time.monotonic(), threading.TIMEOUT_MAX))
+            ):
                 raise RuntimeError(
                     f"nvrx_ipc_fix: {why} waited {timeout:g} s for queue {id(queue):#x}, which "
                     "another thread is scheduling, finalizing or closing a save on; nothing was "
-                    "done. Call it from the thread that saves, or when no save is in progress")
+                    "done. Call it from the thread that saves, or when no save is in progress"
+                )
             stack.callback(lock.release)
             stack.enter_context(_Inside(queue))
         yield
@@ -263,8 +271,11 @@ class _Inside:
         try:
             by = _aborts.met(*self.mark)
             if by is not None and exc is not None and not isinstance(exc, CheckpointWorkerError):
-                add_note(exc, f"nvrx_ipc_fix: during this call, close(abort=True) from thread "
-                              f"{by!r} aborted this queue's checkpoint worker")
+                add_note(
+                    exc,
+                    f"nvrx_ipc_fix: during this call, close(abort=True) from thread "
+                    f"{by!r} aborted this queue's checkpoint worker",
+                )
         finally:
             self.marks.remove(self.mark)
 
@@ -301,6 +312,7 @@ def device_of(queue):
 
 
 # -- a save's planning -----------------------------------------------------------------------------
+
 
 class Planning:
     """The saves planned to send only a cache key and not yet scheduled, per thread, and the
@@ -393,11 +405,15 @@ class Planning:
             what = f"another release (thread {self.releasing}) to end"
         else:
             threads = sorted(ident for ident in self.planned if ident != me)
-            what = (f"the save(s) planned on thread(s) {', '.join(map(str, threads))} to be "
-                    "scheduled (a save that sends only a cache key: releasing now would drop "
-                    "the cache it names)")
-        return (f"nvrx_ipc_fix: release() waited {timeout:g} s for {what}; nothing was "
-                "released. Call it from the thread that saves, or between saves")
+            what = (
+                f"the save(s) planned on thread(s) {', '.join(map(str, threads))} to be "
+                "scheduled (a save that sends only a cache key: releasing now would drop "
+                "the cache it names)"
+            )
+        return (
+            f"nvrx_ipc_fix: release() waited {timeout:g} s for {what}; nothing was "
+            "released. Call it from the thread that saves, or between saves"
+        )
 
 
 planning = Planning()

@@ -27,10 +27,17 @@ class CheckpointWorkerError(RuntimeError):
     sends full tensors.
     """
 
-    def __init__(self, message: str, *, rank: int | None = None, save: int | None = None,
-                 worker_pid: int | None = None, exitcode: int | None = None,
-                 worker_traceback: str | None = None,
-                 failed_ranks: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        save: int | None = None,
+        worker_pid: int | None = None,
+        exitcode: int | None = None,
+        worker_traceback: str | None = None,
+        failed_ranks: Iterable[int] = (),
+    ) -> None:
         super().__init__(message)
         self.rank = rank  # the rank that raised
         self.save = save  # NVRx's call_idx of the (first) failed save
@@ -54,8 +61,14 @@ class RanksWithoutPackageError(RuntimeError):
     with NVRx alone. Activate the package on every rank (``python -m nvrx_ipc_fix doctor``
     tells how)."""
 
-    def __init__(self, message: str, *, rank: int | None = None, ranks: Iterable[int] = (),
-                 world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        ranks: Iterable[int] = (),
+        world_size: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.rank = rank  # the rank that raised
         self.ranks = tuple(ranks)  # the ranks that did not say they run the package
@@ -91,8 +104,11 @@ def add_note(exc, text):
 
 def annotate(exc, failure):
     """``exc`` ends a call that had met ``failure`` (a failed checkpoint) first: show both."""
-    add_note(exc, f"nvrx_ipc_fix: before this error, the same call had met a failed "
-                  f"checkpoint: {type(failure).__name__}: {str(failure).splitlines()[0]}")
+    add_note(
+        exc,
+        f"nvrx_ipc_fix: before this error, the same call had met a failed "
+        f"checkpoint: {type(failure).__name__}: {str(failure).splitlines()[0]}",
+    )
     if exc.__context__ is None:
         exc.__context__ = failure
 

@@ -77,8 +77,10 @@ def _run():
 def _failed(callback, target, exc):
     from .log import errors, warn
 
-    reason = f"after os.fork(), in the child: {callback.__qualname__} failed: " \
-             f"{type(exc).__name__}: {exc}"
+    reason = (
+        f"after os.fork(), in the child: {callback.__qualname__} failed: "
+        f"{type(exc).__name__}: {exc}"
+    )
     if target is not None:
         errors[target] = reason
     warn(f"nvrx_ipc_fix: {reason} (pid {os.getpid()})", ("fork", callback.__qualname__))

@@ -146,8 +146,11 @@ def _on_import(module):
 
     mine = [t for t in TARGETS if t.module == module.__name__]
     decided = _all_or_nothing({t: _decide(t, module) for t in mine})
-    steps = {t: step_of(t) for t, (state, *_) in decided.items()
-             if state == "active" and t not in _patches}
+    steps = {
+        t: step_of(t)
+        for t, (state, *_) in decided.items()
+        if state == "active" and t not in _patches
+    }
     found = _losses.distribution(module.__name__, _seen_dists)
     with _lock:
         if not _active:  # deactivated meanwhile
@@ -217,8 +220,9 @@ def _install_decided(decided, module, steps):
         elif state == "active":
             try:
                 if target not in _patches:
-                    patch = _calls[target.name] = install(target, steps[target], module,
-                                                          _calls.get(target.name))
+                    patch = _calls[target.name] = install(
+                        target, steps[target], module, _calls.get(target.name)
+                    )
                     _patches[target] = patch
                     if vars(patch.owner).get(patch.name) is not patch.wrapper:
                         reason = f"{reason} (re-enabled under another wrapper)"

@@ -53,8 +53,10 @@ def hook_failed(target, exc, fix=None):
     errors[target if fix is None else f"{fix} {target}"] = reason
     key = ("hook", target, fix, type(exc).__name__)
     where = target if fix is None else f"{target} ({fix})"
-    message = (f"nvrx_ipc_fix: hook on {where} failed and was skipped ({reason}); NVRx "
-               f"behaves as without the fix for this call")
+    message = (
+        f"nvrx_ipc_fix: hook on {where} failed and was skipped ({reason}); NVRx "
+        f"behaves as without the fix for this call"
+    )
     warn_once(key, "%s", message)
     warn(message, key)
 
@@ -126,8 +128,10 @@ def warn(message, *keys):
         import sys
 
         try:
-            sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
-                             f"breaks the program it patches): {message}\n")
+            sys.stderr.write(
+                f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
+                f"breaks the program it patches): {message}\n"
+            )
         except (OSError, ValueError, AttributeError):  # no stderr
             pass
     return True
@@ -144,8 +148,9 @@ def configure(level):
     global _handler
     if _handler is None:
         _handler = logging.StreamHandler()
-        _handler.setFormatter(logging.Formatter(
-            "nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s"))
+        _handler.setFormatter(
+            logging.Formatter("nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s")
+        )
         logger.addHandler(_handler)
     logger.setLevel(level.upper())
 
@@ -157,9 +162,11 @@ def setting_problem(key, message, name):
         return False
     read = _holder()
     if read:
-        _held[key] = (f"{message}. Read {read}, shown now that a module it patches is "
-                      f"imported; unset {name} or give it a value it understands to silence "
-                      f"this (`python -m nvrx_ipc_fix doctor` checks every setting)")
+        _held[key] = (
+            f"{message}. Read {read}, shown now that a module it patches is "
+            f"imported; unset {name} or give it a value it understands to silence "
+            f"this (`python -m nvrx_ipc_fix doctor` checks every setting)"
+        )
         return True
     _held.pop(key, None)
     warn(message, key)
@@ -191,8 +198,10 @@ def _holder():
     startup = sys.modules.get("_nvrx_ipc_fix_startup")
     how = getattr(startup, "running", None)
     if how == "pth":
-        return (f"at start-up by nvrx-ipc-fix's start-up file nvrx_ipc_fix.pth (in "
-                f"{os.path.dirname(os.path.abspath(startup.__file__))})")
+        return (
+            f"at start-up by nvrx-ipc-fix's start-up file nvrx_ipc_fix.pth (in "
+            f"{os.path.dirname(os.path.abspath(startup.__file__))})"
+        )
     if how:
         where = getattr(sys.modules.get("sitecustomize"), "__file__", None)
         return f"at start-up by nvrx-ipc-fix's sitecustomize ({where or how})"
@@ -219,9 +228,9 @@ def _ours(filename):
     roots = [os.path.dirname(os.path.dirname(__file__))]  # the package (core/..)
     for name in _PAST:
         roots += list(getattr(sys.modules.get(name), "__path__", None) or ())
-    return (os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.")
-            or any(isinstance(root, str) and filename.startswith(os.path.join(root, ""))
-                   for root in roots))
+    return os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.") or any(
+        isinstance(root, str) and filename.startswith(os.path.join(root, "")) for root in roots
+    )
 
 
 def _internal(frame):

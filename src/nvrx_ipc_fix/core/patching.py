@@ -73,8 +73,7 @@ def install(target, step, module, patch=None):
         patch = Patch(*_resolve(module, target.attr), CALLS[target.name])
         import wrapt  # imported by step_of
 
-        patch.wrapper = wrapt.FunctionWrapper(patch.original, patch.dispatch,
-                                              lambda: patch.enabled)
+        patch.wrapper = wrapt.FunctionWrapper(patch.original, patch.dispatch, lambda: patch.enabled)
         setattr(patch.owner, patch.name, patch.wrapper)
         if target.aliases:
             patch.aliases = _redirect_aliases(patch.original, patch.wrapper, skip=patch.owner)

@@ -49,7 +49,7 @@ def finalize_wrapper(wrapped, instance, args, kwargs):
     root wrapper already did, and this finds nothing to do)."""
     result = wrapped(*args, **kwargs)
     with guard(f"{wrapped.__module__}:{wrapped.__qualname__}"):  # NVRx's result stands
-        terminate, = flags(wrapped, args, kwargs, "terminate")
+        (terminate,) = flags(wrapped, args, kwargs, "terminate")
         if terminate and cached_key_count():
             clear_trainer_caches("maybe_finalize_async_save(terminate=True)")
     return result

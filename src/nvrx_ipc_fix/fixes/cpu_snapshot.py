@@ -54,8 +54,11 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         """A copy of ``tensor`` where it is a non-empty CPU tensor still in the storage the
         planner gave (or in a storage not seen)."""
         storage = given.get(id(item))
-        if not on_cpu(tensor) or not tensor.numel() or (
-                storage is not None and storage.data_ptr() != tensor.untyped_storage().data_ptr()):
+        if (
+            not on_cpu(tensor)
+            or not tensor.numel()
+            or (storage is not None and storage.data_ptr() != tensor.untyped_storage().data_ptr())
+        ):
             return tensor  # on a device, empty, or NVRx's own copy
         return tensor.clone()
 

@@ -63,9 +63,12 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         if made is not None:
             _given[instance] = made[0]
             if made[1] is not None:
-                logger.warning("nvrx_ipc_fix: NVRx's results-queue manager (pid %s) had died "
-                               "(exit code %s); a new one takes its place", made[1].pid,
-                               made[1].exitcode)
+                logger.warning(
+                    "nvrx_ipc_fix: NVRx's results-queue manager (pid %s) had died "
+                    "(exit code %s); a new one takes its place",
+                    made[1].pid,
+                    made[1].exitcode,
+                )
     if it.failed:  # NVRx's shared queue stays
         _share(instance)
     return result
@@ -88,10 +91,15 @@ def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
         mixed = _fell_back[0]  # unknown: only a save that had its own queue is sure
     if not mixed:
         return result
-    return _shapes.failed_retrieval(sys.modules[FS], wrapped, RuntimeError(
-        "nvrx_ipc_fix own_results: this save's write results cannot be told from another's: "
-        "both took NVRx's one results queue while in flight (the fix could not give them "
-        "queues of their own: see nvrx_ipc_fix.status()); not finalized"))
+    return _shapes.failed_retrieval(
+        sys.modules[FS],
+        wrapped,
+        RuntimeError(
+            "nvrx_ipc_fix own_results: this save's write results cannot be told from another's: "
+            "both took NVRx's one results queue while in flight (the fix could not give them "
+            "queues of their own: see nvrx_ipc_fix.status()); not finalized"
+        ),
+    )
 
 
 class _Ahead:
@@ -122,8 +130,9 @@ class _Ahead:
 
     def _wake(self):
         if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, daemon=True,
-                                           name="nvrx_ipc_fix results queues")
+            self.thread = threading.Thread(
+                target=self._serve, daemon=True, name="nvrx_ipc_fix results queues"
+            )
             self.thread.start()
         self.cond.notify()
 

@@ -25,8 +25,11 @@ def init_wrapper(wrapped, queue, args, kwargs):
         if _shapes.is_persistent(queue) and _config.prewarm_at_start():
             core = sys.modules[CORE]
             why = _prewarming.unavailable(core)
-            report = (_prewarming.PrewarmReport((), (f"all: {why}",)) if why is not None else
-                      _prewarming.start_for([queue], core, time.perf_counter(), slot=True))
+            report = (
+                _prewarming.PrewarmReport((), (f"all: {why}",))
+                if why is not None
+                else _prewarming.start_for([queue], core, time.perf_counter(), slot=True)
+            )
             if not report.started:
                 logger.info("%s=start: %s", _config.PREWARM, report.summary())
     except Exception as exc:  # noqa: BLE001 NVRx's too: its own start comes at the first save
@@ -43,8 +46,9 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         try:
             with guard(SCHEDULE_TARGET, fix="prewarm"):  # on failure NVRx starts its worker
                 if _config.pin_ahead():
-                    _prewarming.record_sizes(queue, args[0] if args else
-                                             kwargs.get("async_request"))
+                    _prewarming.record_sizes(
+                        queue, args[0] if args else kwargs.get("async_request")
+                    )
                 _prewarming.take_over(queue)
             interrupted = False
         finally:

@@ -106,8 +106,11 @@ def release_if_needed(strategy=None):
         if not holds_ipc(queue):
             continue
         live = has_live_worker(queue) and not suspended(queue)
-        if (live and saved_since_release(queue)) or queue.get_num_unfinalized_calls() or (
-                strategy in ("restart", "suspend") and (live or idle(queue))):
+        if (
+            (live and saved_since_release(queue))
+            or queue.get_num_unfinalized_calls()
+            or (strategy in ("restart", "suspend") and (live or idle(queue)))
+        ):
             return released(None, strategy, _config.release_timeout())[1]
     return None
 
@@ -116,6 +119,8 @@ def _releases_itself(wrapped, instance):
     if wrapped.__name__ not in _SELF_RELEASING:
         return False
     requires = getattr(instance, "_requires_nvrx_cuda_cache_release", None)
-    return bool(requires is not None
-                and getattr(instance, "_async_checkpoint_cuda_cache_active", False)
-                and requires())
+    return bool(
+        requires is not None
+        and getattr(instance, "_async_checkpoint_cuda_cache_active", False)
+        and requires()
+    )

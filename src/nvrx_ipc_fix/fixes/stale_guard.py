@@ -105,9 +105,11 @@ def _send(instance, plan, planner, resolved) -> None:
     tensors it resolved for this save and did not send uncached (its own partition)."""
     items = _tensor_items(plan)
     uncached = {id(item) for item in _shapes.sent_uncached(instance)}
-    kept = [(item, data.detach()) for item, data in zip(items, _resolved(plan, planner,
-                                                                          resolved))
-            if id(item) not in uncached]
+    kept = [
+        (item, data.detach())
+        for item, data in zip(items, _resolved(plan, planner, resolved))
+        if id(item) not in uncached
+    ]
     _shapes.send(instance, [item for item, _ in kept], [data for _, data in kept])
 
 
@@ -140,9 +142,12 @@ def _record_sent(instance, plan) -> None:
     items, tensors = sent
     tensor_items = _tensor_items(plan)
     position = {id(item): i for i, item in enumerate(tensor_items)}
-    record = (len(tensor_items), tuple(
-        (position[id(item)], weakref.ref(tensor.untyped_storage()), tensor.data_ptr())
-        for item, tensor in zip(items, tensors)
-    ))
+    record = (
+        len(tensor_items),
+        tuple(
+            (position[id(item)], weakref.ref(tensor.untyped_storage()), tensor.data_ptr())
+            for item, tensor in zip(items, tensors)
+        ),
+    )
     with _lock:
         _sent[key] = record

@@ -136,7 +136,8 @@ def _tell(pid, start):
             _process.wait(10)  # it closed its stdin as it exits: its status is coming
         except BlockingIOError as error:
             raise RuntimeError(
-                f"the guardian (pid {_process.pid}) does not read its pipe") from error
+                f"the guardian (pid {_process.pid}) does not read its pipe"
+            ) from error
 
 
 class _CannotRun(Exception):
@@ -160,9 +161,14 @@ def _running():
     started = False
     try:
         with open(os.path.join(directory(), "guardian.stderr"), "ab") as stderr:
-            _process = _Guardian([spawn.get_executable(), "-S", "-I", PROGRAM,
-                                  str(os.getpid())], stdin=read, stdout=said, stderr=stderr,
-                                 close_fds=True, cwd="/")
+            _process = _Guardian(
+                [spawn.get_executable(), "-S", "-I", PROGRAM, str(os.getpid())],
+                stdin=read,
+                stdout=said,
+                stderr=stderr,
+                close_fds=True,
+                cwd="/",
+            )
         started = True
     except OSError as error:  # no such interpreter, no process to spare
         _cannot_run(f"{type(error).__name__}: {error}")
@@ -198,8 +204,11 @@ def _ended():
     os.close(_ready)
     _process = _pipe = _ready = None
     if watched and process.returncode < 0:
-        logger.warning("nvrx_ipc_fix: the guardian (pid %s) was killed (signal %s); another "
-                       "takes over", process.pid, -process.returncode)
+        logger.warning(
+            "nvrx_ipc_fix: the guardian (pid %s) was killed (signal %s); another takes over",
+            process.pid,
+            -process.returncode,
+        )
         return
     path = os.path.join(directory(), "guardian.stderr")
     try:
@@ -207,17 +216,21 @@ def _ended():
             said = stderr.read()[-600:].decode(errors="replace").strip()
     except OSError:
         said = ""
-    _cannot_run(f"the guardian (pid {process.pid}) ended with exit status "
-                f"{process.returncode} {'after' if watched else 'before'} it watched; its "
-                f"stderr ({path}): {said or '(empty)'}")
+    _cannot_run(
+        f"the guardian (pid {process.pid}) ended with exit status "
+        f"{process.returncode} {'after' if watched else 'before'} it watched; its "
+        f"stderr ({path}): {said or '(empty)'}"
+    )
 
 
 def _cannot_run(reason):
     """No guardian can run in this process: say so once, and start none again."""
     global _broken
     _broken = reason
-    message = (f"nvrx_ipc_fix: the guardian could not run ({reason}). None is started again "
-               f"in this process; its checkpoint workers may outlive it if it is killed")
+    message = (
+        f"nvrx_ipc_fix: the guardian could not run ({reason}). None is started again "
+        f"in this process; its checkpoint workers may outlive it if it is killed"
+    )
     logger.warning("%s", message)
     warn(message, ("guardian", "cannot run"))
 
@@ -229,14 +242,20 @@ def describe():
     process = _process
     if _broken:
         return f"cannot run: {_broken}; none is started again in this process"
-    failed = f"; failed ({_failure}): what was started since may outlive this process" \
-        if _failure else ""
+    failed = (
+        f"; failed ({_failure}): what was started since may outlive this process"
+        if _failure
+        else ""
+    )
     if process is None:
         return (GUARDIAN_NOT_STARTED if not _failure else "not running") + failed
     alive = sum(start_time(pid) == start for pid, start in list(_guarded.items()))
-    state = (f"running (pid {process.pid})" if process.poll() is None else
-             f"ended (pid {process.pid}, exit status {process.returncode}); the next process "
-             "to guard starts another, or says why none can run")
+    state = (
+        f"running (pid {process.pid})"
+        if process.poll() is None
+        else f"ended (pid {process.pid}, exit status {process.returncode}); the next process "
+        "to guard starts another, or says why none can run"
+    )
     replaced = f"; {_started - 1} replaced" if _started > 1 else ""
     return f"{state}, guarding {alive} process(es){replaced}{failed}"
 

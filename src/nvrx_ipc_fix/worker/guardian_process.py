@@ -131,8 +131,14 @@ class Guarded:
     def end(self, tell=None):
         """End every guarded process and its descendants (``end_trees``). Without pidfds, a
         guarded pid whose start time changed is left alone."""
-        end_trees({pid: fd for pid, fd in self.fds.items()
-                   if fd is not None or start_time(pid) == self.starts[pid]}, tell)
+        end_trees(
+            {
+                pid: fd
+                for pid, fd in self.fds.items()
+                if fd is not None or start_time(pid) == self.starts[pid]
+            },
+            tell,
+        )
 
 
 def end_trees(roots, tell=None, bound=2.0):

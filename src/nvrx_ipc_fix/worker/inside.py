@@ -111,8 +111,9 @@ def _leave(kind, text):
         if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
             return False
         name = WORKER_FILE.format(pid=os.getpid(), kind=kind)
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600,
-                      dir_fd=folder)
+        out = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=folder
+        )
         with open(out, "w", encoding="utf-8") as file:
             file.write(text)
         return True
@@ -171,8 +172,17 @@ def warm_up(modules, sizes=(), standby=None, path=None):
     if sizes:
         began = time.perf_counter()
         pinned, error = pin_host(sizes)
-        _leave("pinned", json.dumps({"pinned_bytes": pinned, "error": error,
-                                     "entered": entered, "pin_s": time.perf_counter() - began}))
+        _leave(
+            "pinned",
+            json.dumps(
+                {
+                    "pinned_bytes": pinned,
+                    "error": error,
+                    "entered": entered,
+                    "pin_s": time.perf_counter() - began,
+                }
+            ),
+        )
 
 
 def die_with(parent):
@@ -200,6 +210,7 @@ def pin_host(sizes):
     import torch
 
     if torch.cuda.is_available():
+
         def allocate(size):
             return torch.empty(size, dtype=torch.uint8, pin_memory=True)
     elif pin_without_cuda is not None:

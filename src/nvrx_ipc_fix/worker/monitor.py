@@ -33,8 +33,19 @@ from .guardian_process import children, stat_fields
 class Wait:
     """One registered wait (see the module doc)."""
 
-    __slots__ = ("where", "process_of", "unblock", "hint", "started", "exitcode", "progress",
-                 "progress_at", "sampled_at", "stalled_at", "ended")
+    __slots__ = (
+        "where",
+        "process_of",
+        "unblock",
+        "hint",
+        "started",
+        "exitcode",
+        "progress",
+        "progress_at",
+        "sampled_at",
+        "stalled_at",
+        "ended",
+    )
 
     def __init__(self, where, process_of, unblock, hint):
         self.where = where  # "the preload handshake of save #3", shown in log lines
@@ -96,8 +107,9 @@ class _Monitor:
         with self.lock:
             self.waits.append(wait)
             if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, name="nvrx_ipc_fix-monitor",
-                                               daemon=True)
+                self.thread = threading.Thread(
+                    target=self._run, name="nvrx_ipc_fix-monitor", daemon=True
+                )
                 self.thread.start()
 
     def remove(self, wait):
@@ -105,8 +117,9 @@ class _Monitor:
             wait.ended = True
             self.waits.remove(wait)
         if wait.stalled_at is not None:
-            self.recovered(wait, "%s ended after %.0f s", wait.where,
-                           time.monotonic() - wait.started)
+            self.recovered(
+                wait, "%s ended after %.0f s", wait.where, time.monotonic() - wait.started
+            )
 
     def recovered(self, wait, message, *args):
         """The WARNING that follows a stall ERROR, once per stall."""
@@ -176,9 +189,13 @@ class _Monitor:
             sample = progress(*watched(process))  # None (no /proc): by time alone
             if sample is not None and sample != wait.progress:
                 if wait.stalled_at is not None:
-                    self.recovered(wait, "the checkpoint worker (pid %s) makes progress "
-                                       "again in %s, after %.0f s", process.pid, wait.where,
-                                       now - wait.progress_at)
+                    self.recovered(
+                        wait,
+                        "the checkpoint worker (pid %s) makes progress again in %s, after %.0f s",
+                        process.pid,
+                        wait.where,
+                        now - wait.progress_at,
+                    )
                 wait.progress, wait.progress_at = sample, now
                 return
         with self.lock:
@@ -186,16 +203,29 @@ class _Monitor:
                 return
             wait.stalled_at = now
         if process is not None:
-            logger.error("rank %s: %s has waited %.0f s on the checkpoint worker (pid %s), "
-                         "which is alive, but neither it nor what it may wait on made "
-                         "progress (CPU or I/O) for %.0f s: stopped, swapping, or blocked on "
-                         "storage? (%s=%g s)", rank(), wait.where,
-                         now - wait.started, process.pid, now - wait.progress_at,
-                         _config.STALL_TIMEOUT, bound)
+            logger.error(
+                "rank %s: %s has waited %.0f s on the checkpoint worker (pid %s), "
+                "which is alive, but neither it nor what it may wait on made "
+                "progress (CPU or I/O) for %.0f s: stopped, swapping, or blocked on "
+                "storage? (%s=%g s)",
+                rank(),
+                wait.where,
+                now - wait.started,
+                process.pid,
+                now - wait.progress_at,
+                _config.STALL_TIMEOUT,
+                bound,
+            )
         else:
-            logger.error("rank %s: %s has waited %.0f s: %s (%s=%g s)", rank(), wait.where,
-                         now - wait.started, wait.hint or "another rank has not reached it",
-                         _config.STALL_TIMEOUT, bound)
+            logger.error(
+                "rank %s: %s has waited %.0f s: %s (%s=%g s)",
+                rank(),
+                wait.where,
+                now - wait.started,
+                wait.hint or "another rank has not reached it",
+                _config.STALL_TIMEOUT,
+                bound,
+            )
 
     def reset_after_fork(self):
         self.lock = threading.Lock()
@@ -255,8 +285,9 @@ def progress(pid, *others):
             continue
         try:
             with open(f"/proc/{current}/io", "rb") as io:
-                total += sum(int(line.split()[1]) for line in io
-                             if line.startswith((b"rchar", b"wchar")))
+                total += sum(
+                    int(line.split()[1]) for line in io if line.startswith((b"rchar", b"wchar"))
+                )
         except (OSError, ValueError, IndexError):
             pass
     return total

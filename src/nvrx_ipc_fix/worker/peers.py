@@ -35,8 +35,9 @@ from ..core.errors import RanksWithoutPackageError
 from ..core.status import PEERS_NOT_CHECKED as NOT_CHECKED
 
 PREFIX = "nvrx_ipc_fix/peers/"
-COUNT, DONE, CLAIM, FOUND, UNSURE = (PREFIX + name for name in
-                                     ("count", "done", "claim", "found", "unsure"))
+COUNT, DONE, CLAIM, FOUND, UNSURE = (
+    PREFIX + name for name in ("count", "done", "claim", "found", "unsure")
+)
 PAUSES = (0.1, 0.4, 1.6)  # seconds between the 4 tries of one store call
 UNSURE_S = 5.0  # how long the naming rank waits for a rank's mark that its word is missing
 FOUND_S = 60.0  # how long the other ranks wait for the names
@@ -174,21 +175,28 @@ def check(turn, rides):
         try:
             missing = verdict(turn)
             if missing is None and turn.said:  # else announce warned
-                raise LookupError("the ranks' words in the store do not add up (a rank could "
-                                  "not say so, or an earlier group's are left)")
+                raise LookupError(
+                    "the ranks' words in the store do not add up (a rank could "
+                    "not say so, or an earlier group's are left)"
+                )
         except (LookupError, *STORE_ERRORS) as exc:  # said once, NVRx's own
             _cannot_tell(exc)
             missing = None
         if missing:
-            _found = RanksWithoutPackageError(_message(turn, missing), rank=turn.rank,
-                                              ranks=missing, world_size=turn.world)
-            _why = (f"rank(s) {_ranks(missing)} of {turn.world} do not run the package "
-                    "(RanksWithoutPackageError, raised once by the first finalize whose "
-                    "failure flag rides NVRx's all-reduce)")
+            _found = RanksWithoutPackageError(
+                _message(turn, missing), rank=turn.rank, ranks=missing, world_size=turn.world
+            )
+            _why = (
+                f"rank(s) {_ranks(missing)} of {turn.world} do not run the package "
+                "(RanksWithoutPackageError, raised once by the first finalize whose "
+                "failure flag rides NVRx's all-reduce)"
+            )
         elif missing is not None:
-            _why = (f"every one of {turn.world} ranks runs the package (checked at this "
-                    f"rank's first finalize all-reduce of the process group: {turn.calls} "
-                    f"store call(s), {(time.monotonic() - turn.started) * 1000:.2f} ms)")
+            _why = (
+                f"every one of {turn.world} ranks runs the package (checked at this "
+                f"rank's first finalize all-reduce of the process group: {turn.calls} "
+                f"store call(s), {(time.monotonic() - turn.started) * 1000:.2f} ms)"
+            )
     if rides and _found is not None:
         _due, _found = _found, None
 
@@ -207,15 +215,17 @@ def _ranks(ranks, shown=16):
 
 def _message(turn, missing):
     many = len(missing) > 1
-    return (f"rank {turn.rank}: rank{'s' if many else ''} {_ranks(missing)} of {turn.world} "
-            f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from "
-            f"{'them' if many else 'it'} in the process group's store, though every rank had "
-            "entered NVRx's finalize all-reduce). Where a rank lacks it, a failed checkpoint "
-            "worker hangs the job instead of raising CheckpointWorkerError on every rank. "
-            "Activate it on every rank: run `python -m nvrx_ipc_fix doctor` with the "
-            f"interpreter, flags and environment of {'those ranks' if many else 'that rank'} "
-            "(docs/activation.md). Raised once, after NVRx's finalize: the saves it finalized "
-            "are saved (err.finalized), and the job may go on as with NVRx alone.")
+    return (
+        f"rank {turn.rank}: rank{'s' if many else ''} {_ranks(missing)} of {turn.world} "
+        f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from "
+        f"{'them' if many else 'it'} in the process group's store, though every rank had "
+        "entered NVRx's finalize all-reduce). Where a rank lacks it, a failed checkpoint "
+        "worker hangs the job instead of raising CheckpointWorkerError on every rank. "
+        "Activate it on every rank: run `python -m nvrx_ipc_fix doctor` with the "
+        f"interpreter, flags and environment of {'those ranks' if many else 'that rank'} "
+        "(docs/activation.md). Raised once, after NVRx's finalize: the saves it finalized "
+        "are saved (err.finalized), and the job may go on as with NVRx alone."
+    )
 
 
 def _cannot_tell(exc):
@@ -223,8 +233,10 @@ def _cannot_tell(exc):
     global _why
     from ..core.log import warn, warn_once
 
-    _why = (f"cannot tell whether every rank runs the package ({type(exc).__name__}: {exc}); "
-            "NVRx's behaviour stays")
+    _why = (
+        f"cannot tell whether every rank runs the package ({type(exc).__name__}: {exc}); "
+        "NVRx's behaviour stays"
+    )
     warn_once(TARGET, "nvrx_ipc_fix: %s", _why)
     warn(f"nvrx_ipc_fix: {_why}", TARGET)
 

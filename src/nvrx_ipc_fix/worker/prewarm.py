@@ -35,7 +35,6 @@ and frees them into that cache, before the worker reports ready. A failure to pi
 WARNING; the save then pins as usual.
 """
 
-
 from __future__ import annotations
 
 import sys
@@ -74,17 +73,35 @@ class PrewarmReport:
         if not self.started:
             return f"prewarm started no checkpoint worker: {'; '.join(self.skipped)}"
         pids = ", ".join(map(str, self.started))
-        how = ("forked from the standby, it creates" if set(self.started) <= set(self.forked)
-               else "it imports torch and creates")
-        return (f"started the NVRx checkpoint worker ahead of its next save (pid {pids}, "
-                f"{self.seconds:.2f} s); {how} its CUDA context in the background")
+        how = (
+            "forked from the standby, it creates"
+            if set(self.started) <= set(self.forked)
+            else "it imports torch and creates"
+        )
+        return (
+            f"started the NVRx checkpoint worker ahead of its next save (pid {pids}, "
+            f"{self.seconds:.2f} s); {how} its CUDA context in the background"
+        )
 
 
 class _Start:
     """A worker started here that no save has used yet."""
 
-    __slots__ = ("process", "began", "began_at", "ready_s", "error", "cancelled", "thread",
-                 "pinning", "pinned_bytes", "pin_error", "standby", "first_request_s", "pin_s")
+    __slots__ = (
+        "process",
+        "began",
+        "began_at",
+        "ready_s",
+        "error",
+        "cancelled",
+        "thread",
+        "pinning",
+        "pinned_bytes",
+        "pin_error",
+        "standby",
+        "first_request_s",
+        "pin_s",
+    )
 
     def __init__(self, process, pinning=0, standby=None):
         self.process = _monitor.started_process(process)  # its status: one reader at a time
@@ -178,8 +195,9 @@ def start_for(queues, core, began, slot=False):
             started.append(start.process.pid)
             if start.standby is not None:
                 forked.append(start.process.pid)
-    report = PrewarmReport(tuple(started), tuple(skipped), time.perf_counter() - began,
-                           tuple(forked))
+    report = PrewarmReport(
+        tuple(started), tuple(skipped), time.perf_counter() - began, tuple(forked)
+    )
     if started:
         logger.info("rank %s: %s", _monitor.rank(), report.summary())
     return report
@@ -224,8 +242,9 @@ def idle(queue) -> bool:
     caller = _serving(queue, core) if core is not None else None
     if caller is None:
         return False
-    return caller in _starts or (caller is not _shapes.caller_of(queue)
-                                 and _workers.alive(caller.process))
+    return caller in _starts or (
+        caller is not _shapes.caller_of(queue) and _workers.alive(caller.process)
+    )
 
 
 def stop(queue) -> bool:
@@ -241,6 +260,7 @@ def stop(queue) -> bool:
 
 
 # -- starting ---------------------------------------------------------------------------------
+
 
 def unavailable(core):
     """Why nothing can be prewarmed in this process, or None."""
@@ -269,8 +289,10 @@ def _blocked(queue, core, rank):
     if queue in _scheduling:
         return "a save is being scheduled on it (that starts the worker)"
     if rank is None:
-        return ("torch.distributed is not initialized: the worker's rank, hence its device, is "
-                "not known yet")
+        return (
+            "torch.distributed is not initialized: the worker's rank, hence its device, is "
+            "not known yet"
+        )
     caller = _serving(queue, core)
     process = getattr(caller, "process", None)
     start = _starts.get(caller) if caller is not None else None
@@ -284,15 +306,23 @@ def _blocked(queue, core, rank):
     elif _workers.alive(process):
         if own:
             return f"its worker (pid {process.pid}) is running"
-        return (f"NVRx's warm-up worker (pid {process.pid}) waits in its slot for the first queue "
-                "that saves")
+        return (
+            f"NVRx's warm-up worker (pid {process.pid}) waits in its slot for the first queue "
+            "that saves"
+        )
     elif process is not None and own:
-        return (f"its worker (pid {process.pid}) died: the next save reports it "
-                "(CheckpointWorkerError) and starts a fresh one")
+        return (
+            f"its worker (pid {process.pid}) died: the next save reports it "
+            "(CheckpointWorkerError) and starts a fresh one"
+        )
     elif process is not None:
-        logger.warning("rank %s: NVRx's warm-up checkpoint worker (pid %s) had died unused "
-                       "(%s); prewarm starts a fresh one", _monitor.rank(), process.pid,
-                       _workers.describe_exit(_monitor.exitcode(process, settle=0.5)))
+        logger.warning(
+            "rank %s: NVRx's warm-up checkpoint worker (pid %s) had died unused "
+            "(%s); prewarm starts a fresh one",
+            _monitor.rank(),
+            process.pid,
+            _workers.describe_exit(_monitor.exitcode(process, settle=0.5)),
+        )
     if process is not None:
         _let_go(queue, caller, start)
     return None
@@ -315,12 +345,18 @@ def _start(queue, core, rank, slot):
         _guardian.guard(caller.process)
         _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
         sizes = _sizes.get(queue, ()) if _config.pin_ahead() and not slot else ()
-        _shapes.worker_queues(caller)[0].put(_shapes.request(
-            core, warm_up, (list(WORKER_IMPORTS), sizes, standby, directory()),
-            _workers.SENTINEL))
+        _shapes.worker_queues(caller)[0].put(
+            _shapes.request(
+                core,
+                warm_up,
+                (list(WORKER_IMPORTS), sizes, standby, directory()),
+                _workers.SENTINEL,
+            )
+        )
         start = _starts[caller] = _Start(caller.process, sum(sizes), standby)
-        start.thread = threading.Thread(target=_await_ready, args=(caller, start),
-                                        name="nvrx_ipc_fix-prewarm", daemon=True)
+        start.thread = threading.Thread(
+            target=_await_ready, args=(caller, start), name="nvrx_ipc_fix-prewarm", daemon=True
+        )
         start.thread.start()
         started = True
     finally:  # failed or interrupted: leave no worker behind
@@ -335,8 +371,9 @@ def _await_ready(caller, start):
     """The thread: read the worker's answer, or see it die first."""
     process, completions = start.process, _shapes.worker_queues(caller)[2]
     try:
-        with _monitor.watching(f"the start of the prewarmed checkpoint worker (pid "
-                               f"{process.pid})", lambda: process):
+        with _monitor.watching(
+            f"the start of the prewarmed checkpoint worker (pid {process.pid})", lambda: process
+        ):
             while not start.cancelled:
                 try:
                     item = completions.get(timeout=0.2)
@@ -352,11 +389,15 @@ def _await_ready(caller, start):
                 if start.pinning:
                     _pinned(start)
                 start.ready_s = time.monotonic() - start.began
-                logger.info("rank %s: the prewarmed NVRx checkpoint worker (pid %s%s) is "
-                            "ready after %.2f s (%.2f GiB of host memory pinned ahead)",
-                            _monitor.rank(), process.pid,
-                            "" if start.standby is None else ", forked from the standby",
-                            start.ready_s, start.pinned_bytes / _cleanup.GIB)
+                logger.info(
+                    "rank %s: the prewarmed NVRx checkpoint worker (pid %s%s) is "
+                    "ready after %.2f s (%.2f GiB of host memory pinned ahead)",
+                    _monitor.rank(),
+                    process.pid,
+                    "" if start.standby is None else ", forked from the standby",
+                    start.ready_s,
+                    start.pinned_bytes / _cleanup.GIB,
+                )
                 return
     except (OSError, ValueError, EOFError) as exc:  # its queues were closed under it
         if not start.cancelled:
@@ -378,11 +419,17 @@ def _pinned(start):
     start.pin_s = report.get("pin_s")
     _cleanup.put(pinned_bytes=start.pinned_bytes)
     if start.pin_error:
-        logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) pinned %.2f of "
-                       "%.2f GiB of host memory ahead of its first save (%s); that save pins the "
-                       "rest as usual (%s=off turns this off)", _monitor.rank(),
-                       start.process.pid, start.pinned_bytes / _cleanup.GIB,
-                       start.pinning / _cleanup.GIB, start.pin_error, _config.PIN)
+        logger.warning(
+            "rank %s: the prewarmed NVRx checkpoint worker (pid %s) pinned %.2f of "
+            "%.2f GiB of host memory ahead of its first save (%s); that save pins the "
+            "rest as usual (%s=off turns this off)",
+            _monitor.rank(),
+            start.process.pid,
+            start.pinned_bytes / _cleanup.GIB,
+            start.pinning / _cleanup.GIB,
+            start.pin_error,
+            _config.PIN,
+        )
 
 
 def _failed(start, why):
@@ -392,12 +439,17 @@ def _failed(start, why):
             return
         start.error = why
         _cleanup.add(prewarm_failures=1)
-    logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) %s; the next save "
-                   "starts a fresh worker, as without prewarm", _monitor.rank(),
-                   start.process.pid, why)
+    logger.warning(
+        "rank %s: the prewarmed NVRx checkpoint worker (pid %s) %s; the next save "
+        "starts a fresh worker, as without prewarm",
+        _monitor.rank(),
+        start.process.pid,
+        why,
+    )
 
 
 # -- handing over, letting go -----------------------------------------------------------------
+
 
 def take_over(queue):
     """Before a save: wait for the worker prewarmed for ``queue``; let it go if it failed."""
@@ -420,8 +472,10 @@ def _unusable(caller, start):
     """``start``'s worker cannot take a save: make sure that was reported."""
     if start.error is None:
         code = _monitor.exitcode(start.process, settle=0.5)
-        _failed(start, "died after it was ready, before its first save "
-                       f"({_workers.describe_exit(code)})")
+        _failed(
+            start,
+            f"died after it was ready, before its first save ({_workers.describe_exit(code)})",
+        )
 
 
 def _let_go(queue, caller, start):

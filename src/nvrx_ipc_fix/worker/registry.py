@@ -98,6 +98,7 @@ def at_exit():
 
 # -- the two implementations (``shapes``), as the watch sees them -------------------------------
 
+
 def process_of(caller):
     """The caller's worker process (None for one whose worker was let go); its status is read
     by one thread at a time (``exit_status``)."""
@@ -127,6 +128,7 @@ def alive(process):
 
 
 # -- wrappers -------------------------------------------------------------------------------
+
 
 def finalized_with(queue, no_dist):
     """Note the ``no_dist`` of a ``maybe_finalize_async_calls`` call on ``queue``."""

@@ -88,14 +88,19 @@ def _start():
         elif current is not None and current.error is None:
             current.context.stop()
             _replaced += 1
-            logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is replaced: "
-                        "the environment changed since it started", current.pid)
+            logger.info(
+                "nvrx_ipc_fix: the standby for restart's workers (pid %s) is replaced: "
+                "the environment changed since it started",
+                current.pid,
+            )
         unsupported = private_forkserver.unsupported()
         if unsupported is not None:
             _standby = None
             _why = f"this Python's multiprocessing has another shape ({unsupported})"
-            _log.warn(f"nvrx_ipc_fix: no standby for restart's workers: {_why}; NVRx spawns "
-                         "them", ("standby", "shape"))
+            _log.warn(
+                f"nvrx_ipc_fix: no standby for restart's workers: {_why}; NVRx spawns them",
+                ("standby", "shape"),
+            )
             return
         preload = [*PRELOAD, *(m for m in WORKER_IMPORTS if m not in PRELOAD)]
         try:
@@ -104,13 +109,15 @@ def _start():
             _guardian.guard(context.pid)  # with it, whatever it forked
         except (OSError, EOFError, RuntimeError, ValueError) as exc:  # no forkserver: NVRx spawns
             _standby, _why = None, f"could not start ({type(exc).__name__}: {exc})"
-            logger.warning("nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns "
-                           "them", _why)
+            logger.warning(
+                "nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns them", _why
+            )
             return
         _standby = _Standby(context, dict(os.environ))
         _why = f"starting (pid {_standby.pid})"
-        threading.Thread(target=_probe, args=(_standby, preload), daemon=True,
-                         name="nvrx_ipc_fix-standby").start()
+        threading.Thread(
+            target=_probe, args=(_standby, preload), daemon=True, name="nvrx_ipc_fix-standby"
+        ).start()
 
 
 def _probe(standby, preload):
@@ -135,11 +142,18 @@ def _probe(standby, preload):
     if not current:  # replaced, or dead, meanwhile: logged where that happened
         return
     if fit:
-        logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is ready: %s",
-                    standby.pid, found)
+        logger.info(
+            "nvrx_ipc_fix: the standby for restart's workers (pid %s) is ready: %s",
+            standby.pid,
+            found,
+        )
     else:
-        logger.warning("nvrx_ipc_fix: the standby for restart's workers (pid %s) failed to "
-                       "start (%s); NVRx spawns them", standby.pid, found)
+        logger.warning(
+            "nvrx_ipc_fix: the standby for restart's workers (pid %s) failed to "
+            "start (%s); NVRx spawns them",
+            standby.pid,
+            found,
+        )
 
 
 def _check(context, preload):
@@ -148,8 +162,12 @@ def _check(context, preload):
     from .standby_probe import report
 
     reader, writer = context.Pipe(duplex=False)
-    probe = context.Process(target=report, args=(writer, [*preload, PROBE]), daemon=True,
-                            name="nvrx_ipc_fix-standby-probe")
+    probe = context.Process(
+        target=report,
+        args=(writer, [*preload, PROBE]),
+        daemon=True,
+        name="nvrx_ipc_fix-standby-probe",
+    )
     probe.start()
     writer.close()
     try:
@@ -178,9 +196,11 @@ def _died():
     global _standby, _why, _deaths
     _deaths += 1
     _why = f"the standby (pid {_standby.pid}) died; the next restart release starts another"
-    logger.warning("nvrx_ipc_fix: the standby for restart's workers (pid %s) died; NVRx spawns "
-                   "the next worker, and the next restart release starts another standby",
-                   _standby.pid)
+    logger.warning(
+        "nvrx_ipc_fix: the standby for restart's workers (pid %s) died; NVRx spawns "
+        "the next worker, and the next restart release starts another standby",
+        _standby.pid,
+    )
     _standby.context.stop()  # reaps it
     _standby = None
 
@@ -195,9 +215,11 @@ def _usable():
         _died()
         return None
     if dict(os.environ) != standby.environ:
-        _why = (f"ready (pid {standby.pid}), but not used: the environment changed since it "
-                "started, and its workers would inherit the old one; the next restart "
-                "release replaces it")
+        _why = (
+            f"ready (pid {standby.pid}), but not used: the environment changed since it "
+            "started, and its workers would inherit the old one; the next restart "
+            "release replaces it"
+        )
         return None
     return standby
 
@@ -228,10 +250,10 @@ def starting(core):
 @_state.on_status("standby")
 def describe():
     """For ``status()``: the standby's state, its forks, deaths and replacements."""
-    replaced = (f"; {_replaced} replaced (the environment changed since it started)"
-                if _replaced else "")
-    return (f"{_why}; {_forks} worker(s) forked from a standby; {_deaths} standby "
-            f"death(s){replaced}")
+    replaced = (
+        f"; {_replaced} replaced (the environment changed since it started)" if _replaced else ""
+    )
+    return f"{_why}; {_forks} worker(s) forked from a standby; {_deaths} standby death(s){replaced}"
 
 
 def _forget():

@@ -91,8 +91,10 @@ def unavailable():
 
 def _fix_missing():
     """Why the fix that resumes a suspended worker is not in place, or None."""
-    if not all(_state.installed("suspend", attr) for attr in (
-            "AsyncCallsQueue.schedule_async_request", "PersistentAsyncCaller.close")):
+    if not all(
+        _state.installed("suspend", attr)
+        for attr in ("AsyncCallsQueue.schedule_async_request", "PersistentAsyncCaller.close")
+    ):
         return FIX_NOT_ACTIVE
     return None
 
@@ -124,8 +126,10 @@ def automatic_release():
     if why is not None:
         return f"restart: suspend is not used here ({why})"
     if _driver is not None:
-        return (f"suspend: the CUDA driver's process checkpoint API works here (driver API "
-                f"{_driver.version()})")
+        return (
+            f"suspend: the CUDA driver's process checkpoint API works here (driver API "
+            f"{_driver.version()})"
+        )
     from ..core.status import SUSPEND_NOT_PROBED  # status()'s types: loaded when it is asked
 
     return SUSPEND_NOT_PROBED
@@ -171,16 +175,19 @@ def suspend(queue, caller, timeout, held=None):
     try:
         state = _driver.state(pid, _left(deadline))
         if state != _cc.RUNNING:
-            raise _cc.DriverError(f"its CUDA state is {_cc.STATES.get(state, state)}, not "
-                                  f"running:", state)
+            raise _cc.DriverError(
+                f"its CUDA state is {_cc.STATES.get(state, state)}, not running:", state
+            )
         _driver.lock(pid, min(LOCK_TIMEOUT, _left(deadline)))
         _driver.checkpoint(pid, _left(deadline))
         settled = True
     except (_cc.DriverError, _cc.Timeout) as exc:
         settled = True
         if process.exitcode is not None:  # a worker death: the watch reports it at the next save
-            return (f"the checkpoint worker (pid {pid}) died during its suspend "
-                    f"({_workers.describe_exit(process.exitcode)})")
+            return (
+                f"the checkpoint worker (pid {pid}) died during its suspend "
+                f"({_workers.describe_exit(process.exitcode)})"
+            )
         why = f"the suspend of the checkpoint worker (pid {pid}) failed ({exc})"
         # a call past its deadline may still lock the worker later: never close it then
         _end(queue, caller, process, why, undo=not isinstance(exc, _cc.Timeout), held=held)
@@ -194,8 +201,12 @@ def suspend(queue, caller, timeout, held=None):
         last.clear()
         last.update(pid=pid, checkpoint_s=time.monotonic() - began)
     _fork.at_exit(resume, None, True)
-    logger.info("suspended the NVRx checkpoint worker (pid %s) in %.2f s: nothing of it is on "
-                "the device until it resumes", pid, time.monotonic() - began)
+    logger.info(
+        "suspended the NVRx checkpoint worker (pid %s) in %.2f s: nothing of it is on "
+        "the device until it resumes",
+        pid,
+        time.monotonic() - began,
+    )
     return None
 
 
@@ -211,9 +222,12 @@ def ready(queue=None, caller=None):
     """Before ``queue``'s worker (or ``caller``'s) is given anything: resume it in line, or
     wait for its resume in the background."""
     with _lock:
-        found = [s for s in _suspended.values()
-                 if (caller is not None and s.caller is caller)
-                 or (queue is not None and s.queue() is queue)]
+        found = [
+            s
+            for s in _suspended.values()
+            if (caller is not None and s.caller is caller)
+            or (queue is not None and s.queue() is queue)
+        ]
     try:
         _resuming(found, wait=True)
     except RuntimeError as exc:  # no thread to resume in: no worker may stay suspended
@@ -221,9 +235,14 @@ def ready(queue=None, caller=None):
             if s.thread is None:  # its resume could not start: end it, as a failed resume
                 with _lock:
                     _suspended.pop(s.process.pid, None)
-                _end(s.queue(), s.caller, s.process, f"the resume of the checkpoint worker "
-                     f"(pid {s.process.pid}) could not run ({type(exc).__name__}: {exc})",
-                     undo=False)
+                _end(
+                    s.queue(),
+                    s.caller,
+                    s.process,
+                    f"the resume of the checkpoint worker "
+                    f"(pid {s.process.pid}) could not run ({type(exc).__name__}: {exc})",
+                    undo=False,
+                )
                 s.resumed.set()
 
 
@@ -234,8 +253,9 @@ def _resuming(suspensions, wait):
     with _lock:
         for s in suspensions:
             if s.thread is None:
-                thread = threading.Thread(target=_resume, args=(s, timeout), daemon=True,
-                                          name="nvrx_ipc_fix-resume")
+                thread = threading.Thread(
+                    target=_resume, args=(s, timeout), daemon=True, name="nvrx_ipc_fix-resume"
+                )
                 thread.start()
                 s.thread = thread
     if wait:
@@ -258,19 +278,31 @@ def _resume(s, timeout):
         failed = exc
     try:  # still suspended for ``ready``, which waits for ``resumed``, until it is ended
         if process.exitcode is not None:
-            logger.warning("the NVRx checkpoint worker (pid %s) died while suspended (%s); "
-                           "its queue's next save reports it", pid,
-                           _workers.describe_exit(process.exitcode))
+            logger.warning(
+                "the NVRx checkpoint worker (pid %s) died while suspended (%s); "
+                "its queue's next save reports it",
+                pid,
+                _workers.describe_exit(process.exitcode),
+            )
         elif failed is not None:
-            _end(s.queue(), s.caller, process,
-                 f"the resume of the checkpoint worker (pid {pid}) failed ({failed})", undo=False)
+            _end(
+                s.queue(),
+                s.caller,
+                process,
+                f"the resume of the checkpoint worker (pid {pid}) failed ({failed})",
+                undo=False,
+            )
         else:
             restore_s = time.monotonic() - began
             with _lock:
                 _counts["resumes"] += 1
                 last.update(pid=pid, restore_s=restore_s, resumed_at=time.perf_counter())
-            logger.info("resumed the NVRx checkpoint worker (pid %s) in %.2f s, %.2f s after "
-                        "its suspend", pid, restore_s, time.monotonic() - s.began)
+            logger.info(
+                "resumed the NVRx checkpoint worker (pid %s) in %.2f s, %.2f s after its suspend",
+                pid,
+                restore_s,
+                time.monotonic() - s.began,
+            )
     finally:
         with _lock:
             _suspended.pop(pid, None)
@@ -285,8 +317,10 @@ def _end(queue, caller, process, why, undo, held=None):
     try:
         _why = f"{why}; the worker was {_finish(queue, caller, process, undo, held)}"
     finally:
-        message = (f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
-                   f"automatic release uses restart from now on")
+        message = (
+            f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
+            f"automatic release uses restart from now on"
+        )
         logger.warning("%s", message)
         _log.warn(message, ("suspend", "failed"))
 
@@ -338,8 +372,10 @@ def _left(deadline):
 @_state.on_status("suspend")
 def describe():
     """For ``status()``: the automatic release's strategy in force and why; the counts."""
-    return (f"{automatic_release()}; {_counts['suspends']} suspend(s), {_counts['resumes']} "
-            f"resume(s), {len(_suspended)} suspended now")
+    return (
+        f"{automatic_release()}; {_counts['suspends']} suspend(s), {_counts['resumes']} "
+        f"resume(s), {len(_suspended)} suspended now"
+    )
 
 
 def _forget():
