@@ -67,8 +67,10 @@ def _start(tox_env):
 
 def _hidden(tox_env):
     """Does tox hide this env's output (a parallel run, not live, no parallel_show_output)?"""
-    return (getattr(tox_env.options, "parallel_live", True) is False
-            and not tox_env.conf["parallel_show_output"])
+    return (
+        getattr(tox_env.options, "parallel_live", True) is False
+        and not tox_env.conf["parallel_show_output"]
+    )
 
 
 def _summary(tox_env):

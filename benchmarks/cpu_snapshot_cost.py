@@ -35,10 +35,12 @@ import time
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 #: (case, env, NVRX_IPC_FIX_DISABLE)
-CASES = (("0.6.0 without the package", "nvrx060", "1"),
-         ("0.6.0, the package but cpu_snapshot", "nvrx060", "cpu_snapshot"),
-         ("0.6.0 with the package", "nvrx060", ""),
-         ("0.7.0 (its own copy)", "nvrx070", "1"))
+CASES = (
+    ("0.6.0 without the package", "nvrx060", "1"),
+    ("0.6.0, the package but cpu_snapshot", "nvrx060", "cpu_snapshot"),
+    ("0.6.0 with the package", "nvrx060", ""),
+    ("0.7.0 (its own copy)", "nvrx070", "1"),
+)
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
 
@@ -48,8 +50,9 @@ def size_of(text):
 
 def memory_available():
     with open("/proc/meminfo") as info:
-        return next(int(line.split()[1]) * 1024 for line in info
-                    if line.startswith("MemAvailable:"))
+        return next(
+            int(line.split()[1]) * 1024 for line in info if line.startswith("MemAvailable:")
+        )
 
 
 def status_kib(name):
@@ -82,12 +85,14 @@ def one_case(size, saves, tensors=16):
         start = time.perf_counter()
         path = os.path.join(directory, f"ckpt{index}")
         writer, metadata, dist_wrapper = saver.save_state_dict_async_plan(
-            dict(state), fs.FileSystemWriterAsync(path), None, planner=DefaultSavePlanner())
+            dict(state), fs.FileSystemWriterAsync(path), None, planner=DefaultSavePlanner()
+        )
         planned = time.perf_counter()
         save_fn, preload_fn, args = writer.get_save_function_and_args()
         finalize = partial(saver.save_state_dict_async_finalize, writer, metadata, dist_wrapper)
-        trainer.queue.schedule_async_request(trainer.core.AsyncRequest(
-            save_fn, args, [finalize], preload_fn=preload_fn))
+        trainer.queue.schedule_async_request(
+            trainer.core.AsyncRequest(save_fn, args, [finalize], preload_fn=preload_fn)
+        )
         scheduled = time.perf_counter()
         peak = status_kib("VmHWM")
         with torch.no_grad():
@@ -95,8 +100,12 @@ def one_case(size, saves, tensors=16):
                 tensor.add_(1.0)  # the next step, as the loop this is for takes it
         trainer.queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
         shutil.rmtree(path, ignore_errors=True)
-        return {"plan_s": planned - start, "schedule_s": scheduled - planned,
-                "blocked_s": scheduled - start, "peak_growth_mib": (peak - before) / 1024}
+        return {
+            "plan_s": planned - start,
+            "schedule_s": scheduled - planned,
+            "blocked_s": scheduled - start,
+            "peak_growth_mib": (peak - before) / 1024,
+        }
 
     save(0)  # starts the worker
     measured = [save(i) for i in range(1, saves + 1)]
@@ -124,31 +133,68 @@ def main():
         size = size_of(text)
         needed, available = 3 * size + 2 * 2**30, memory_available()
         if needed > available:
-            print(json.dumps({"size": text, "skipped": (
-                f"needs about {needed / 2**30:.1f} GiB, {available / 2**30:.1f} GiB "
-                "available")}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "size": text,
+                        "skipped": (
+                            f"needs about {needed / 2**30:.1f} GiB, {available / 2**30:.1f} GiB "
+                            "available"
+                        ),
+                    }
+                ),
+                flush=True,
+            )
             continue
         saves = {name: [] for name, _, _ in CASES}
         for turn in range(args.rounds):
             for name, env, disable in CASES:
                 result = run_case(pythons[env], disable, size, args.saves)
                 saves[name] += result["saves"]
-                print(json.dumps({"size": text, "case": name, "round": turn, **result}),
-                      flush=True)
+                print(json.dumps({"size": text, "case": name, "round": turn, **result}), flush=True)
         for name, measured in saves.items():
-            print(json.dumps({"size": text, "case": name, "saves": len(measured), **{
-                key: round(statistics.median(m[key] for m in measured), 3)
-                for key in measured[0]}}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "size": text,
+                        "case": name,
+                        "saves": len(measured),
+                        **{
+                            key: round(statistics.median(m[key] for m in measured), 3)
+                            for key in measured[0]
+                        },
+                    }
+                ),
+                flush=True,
+            )
 
 
 def run_case(python, disable, size, saves):
     """One case in a fresh interpreter: ``NVRX_IPC_FIX_DISABLE=disable``, this checkout's
     ``src`` first on the path."""
-    env = dict(os.environ, NVRX_IPC_FIX_DISABLE=disable, PYTHONPATH=os.pathsep.join(
-        [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    done = subprocess.run([python, os.path.abspath(__file__), "--nvrx060", "-", "--nvrx070",
-                           "-", "--child", json.dumps([size, saves])], env=env, check=True,
-                          capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        NVRX_IPC_FIX_DISABLE=disable,
+        PYTHONPATH=os.pathsep.join(
+            [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
+    done = subprocess.run(
+        [
+            python,
+            os.path.abspath(__file__),
+            "--nvrx060",
+            "-",
+            "--nvrx070",
+            "-",
+            "--child",
+            json.dumps([size, saves]),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -11,6 +11,7 @@
 #   bash benchmarks/device_one_gpu.sh suspend  # suspend, then flush, at 32 GiB alone, five
 #                                              # cycles each (9.5 min)
 # Writes pytest's output and JSON lines to $OUT (8 files at most).
+# PHASE1_S and RELIABILITY_S (seconds) bound the phases where device time is short.
 set -u
 OUT=${OUT:-.}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/nvrx_ipc_fix-*.whl \
@@ -34,7 +35,7 @@ tests)  # phase 1 (about 5 min): what shares the GPU well, both NVRx at once
         # two queues with 2 GiB models (8 tensors of 256 MiB; the EMA-like second trainer 3 of
         # them), CPU tensors changed right after the schedule beside a CUDA tensor (the
         # default IPC mode), an abort from a second thread: this project's tests, on CUDA
-        (cd tests && PYTHONPATH=/tmp/nvrx-$v NVRX_TESTS_NUMEL=$((1 << 26)) timeout 240 \
+        (cd tests && PYTHONPATH=/tmp/nvrx-$v NVRX_TESTS_NUMEL=$((1 << 26)) timeout ${PHASE1_S:-240} \
             python3 -m pytest -q -rA -p no:cacheprovider -n 3 test_two_queues.py \
             test_cpu_snapshot.py test_never_worse_abort.py) > "$OUT/gpu-tests-$tag.txt" 2>&1 &
         # NVRx's own async-checkpoint tests, with the package active and with it off
@@ -42,7 +43,7 @@ tests)  # phase 1 (about 5 min): what shares the GPU well, both NVRx at once
             ( cd .upstream/v${v//./} && export PYTHONPATH=/tmp/nvrx-$v LOCAL_RANK=0 RANK=0 \
                 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000))
               [ $fix = on ] || export NVRX_IPC_FIX_DISABLE=1
-              timeout 240 python3 -m pytest -q -rA -p no:cacheprovider \
+              timeout ${PHASE1_S:-240} python3 -m pytest -q -rA -p no:cacheprovider \
                 tests/checkpointing/unit/test_async_save.py \
                 tests/checkpointing/unit/test_async_writer.py
             ) > "$OUT/nvrx-own-tests-$tag-$fix.txt" 2>&1 &
@@ -51,7 +52,7 @@ tests)  # phase 1 (about 5 min): what shares the GPU well, both NVRx at once
     wait
     # phase 2 (about 4 min), alone on the GPU: they read the device's memory
     for v in 0.6.0 0.7.0; do
-        (cd tests && PYTHONPATH=/tmp/nvrx-$v timeout 165 python3 -m pytest -q -rA \
+        (cd tests && PYTHONPATH=/tmp/nvrx-$v timeout ${RELIABILITY_S:-165} python3 -m pytest -q -rA \
             -p no:cacheprovider gpu/test_reliability_gpu.py) >> "$OUT/gpu-reliability.txt" 2>&1
     done ;;
 suspend)  # 32 GiB alone, checkpoints in /dev/shm (the disk holds one): suspend, then flush

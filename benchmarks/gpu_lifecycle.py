@@ -42,11 +42,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.normpath(os.path.join(HERE, os.pardir, "tests"))
 DOUBLES = os.path.join(TESTS, "doubles")
 sys.path.insert(0, TESTS)  # the tests' harness (harness.scenario), here and in NVRx's workers
-SIZES = {"2g16": (16, 2 ** 31 // 4 // 16), "2g4096": (4096, 2 ** 31 // 4 // 4096),
-         "16g64": (64, 2 ** 34 // 4 // 64), "16g128": (128, 2 ** 34 // 4 // 128),
-         "8g64": (64, 2 ** 33 // 4 // 64), "32g256": (256, 2 ** 35 // 4 // 256),
-         "256m8": (8, 2 ** 28 // 4 // 8),
-         "4m8": (8, 2 ** 22 // 4 // 8), "16m4096": (4096, 2 ** 24 // 4 // 4096)}
+SIZES = {
+    "2g16": (16, 2**31 // 4 // 16),
+    "2g4096": (4096, 2**31 // 4 // 4096),
+    "16g64": (64, 2**34 // 4 // 64),
+    "16g128": (128, 2**34 // 4 // 128),
+    "8g64": (64, 2**33 // 4 // 64),
+    "32g256": (256, 2**35 // 4 // 256),
+    "256m8": (8, 2**28 // 4 // 8),
+    "4m8": (8, 2**22 // 4 // 8),
+    "16m4096": (4096, 2**24 // 4 // 4096),
+}
 # 4m8, 16m4096: the CPU stand-in (a dry run; per-tensor costs at 4096 tensors)
 SCENARIOS = {  # name -> (package on, use_cached_data_structure, the release step)
     "vanilla": (False, True, []),
@@ -62,10 +68,14 @@ SCENARIOS = {  # name -> (package on, use_cached_data_structure, the release ste
 #: Scenarios that prewarm: their environment, and the steps after the onload.
 PREWARMED = {
     "restart": ({"NVRX_IPC_FIX_PREWARM": "start"}, ["prewarm", "ready"]),
-    "restart_nopin": ({"NVRX_IPC_FIX_PREWARM": "start", "NVRX_IPC_FIX_PIN": "off"},
-                      ["prewarm", "ready"]),
-    "auto_restart": ({"NVRX_IPC_FIX_PREWARM": "start", "NVRX_IPC_FIX_STRATEGY": "restart"},
-                     ["nemo_prepare_for_training", "ready"]),
+    "restart_nopin": (
+        {"NVRX_IPC_FIX_PREWARM": "start", "NVRX_IPC_FIX_PIN": "off"},
+        ["prewarm", "ready"],
+    ),
+    "auto_restart": (
+        {"NVRX_IPC_FIX_PREWARM": "start", "NVRX_IPC_FIX_STRATEGY": "restart"},
+        ["nemo_prepare_for_training", "ready"],
+    ),
 }
 
 
@@ -108,13 +118,19 @@ def child(spec):
         )
 
         worker = MegatronPolicyWorkerImpl.__new__(MegatronPolicyWorkerImpl)
-        ckpt = types.SimpleNamespace(async_save=True, use_persistent_ckpt_worker=True,
-                                     ckpt_assume_constant_structure=True,
-                                     async_ckpt_use_cpu_shm=False)
+        ckpt = types.SimpleNamespace(
+            async_save=True,
+            use_persistent_ckpt_worker=True,
+            ckpt_assume_constant_structure=True,
+            async_ckpt_use_cpu_shm=False,
+        )
         worker.mcore_state = types.SimpleNamespace(
-            cfg=types.SimpleNamespace(checkpoint=ckpt), async_calls_queue=trainer.queue)
-        worker.cfg = {"generation": {"colocated": {"enabled": False}},
-                      "megatron_cfg": {"empty_unused_memory_level": 0}}
+            cfg=types.SimpleNamespace(checkpoint=ckpt), async_calls_queue=trainer.queue
+        )
+        worker.cfg = {
+            "generation": {"colocated": {"enabled": False}},
+            "megatron_cfg": {"empty_unused_memory_level": 0},
+        }
         worker.model = types.SimpleNamespace(eval=lambda: None, train=lambda: None)
         worker.move_model = lambda model, device, **kw: model
         worker.move_optimizer = lambda device: None
@@ -129,14 +145,24 @@ def child(spec):
     def nemo_prepare_for_training(trainer):  # the model is back: restart prewarms after it
         nemo_worker(trainer).prepare_for_training()
 
-    scenario.EXTRA_STEPS.update(nemo_rl_manual=nemo_rl_manual,
-                                nemo_offload_before_refit=nemo_offload_before_refit,
-                                nemo_prepare_for_training=nemo_prepare_for_training)
+    scenario.EXTRA_STEPS.update(
+        nemo_rl_manual=nemo_rl_manual,
+        nemo_offload_before_refit=nemo_offload_before_refit,
+        nemo_prepare_for_training=nemo_prepare_for_training,
+    )
     with tempfile.TemporaryDirectory(prefix="nvrx-bench-", dir=spec.get("dir")) as directory:
-        report = scenario.run(spec["steps"], spec.get("shared") or directory, spec["timeout"],
-                              spec["tensors"], spec["numel"], spec["cached"], spec["rank"],
-                              spec["ranks"], finalize=spec.get("finalize", "blocking"),
-                              no_dist=spec.get("no_dist", False))
+        report = scenario.run(
+            spec["steps"],
+            spec.get("shared") or directory,
+            spec["timeout"],
+            spec["tensors"],
+            spec["numel"],
+            spec["cached"],
+            spec["rank"],
+            spec["ranks"],
+            finalize=spec.get("finalize", "blocking"),
+            no_dist=spec.get("no_dist", False),
+        )
     report.update({k: spec[k] for k in ("case", "size", "scenario", "cycles") if k in spec})
     if "auto_release_s" in spec:
         report["auto_release_s"] = spec["auto_release_s"]
@@ -148,8 +174,10 @@ def _baseline_bytes(settle=30.0):
 
     Processes of an earlier, interrupted run may still be freeing the device: take the
     lowest reading within ``settle`` seconds, stopping early once it is below 1 GiB."""
-    code = ("import torch; torch.zeros(1, device='cuda'); f, t = torch.cuda.mem_get_info(); "
-            "print(t - f)")
+    code = (
+        "import torch; torch.zeros(1, device='cuda'); f, t = torch.cuda.mem_get_info(); "
+        "print(t - f)"
+    )
     deadline, best = time.monotonic() + settle, None
     while True:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -181,16 +209,42 @@ def run_case(spec, disable, ranks, timeout, launcher="spawn"):
     shared = tempfile.mkdtemp(prefix="nvrx-bench-shared-") if ranks > 1 else None
     if launcher == "torchrun":
         port = 29500 + os.getpid() % 1000
-        commands = [[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                     str(ranks), "--master_port", str(port), __file__, "--child",
-                     json.dumps(dict(spec, shared=shared))]]
+        commands = [
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(ranks),
+                "--master_port",
+                str(port),
+                __file__,
+                "--child",
+                json.dumps(dict(spec, shared=shared)),
+            ]
+        ]
     else:
-        commands = [[sys.executable, __file__, "--child",
-                     json.dumps(dict(spec, rank=rank, ranks=ranks, shared=shared))]
-                    for rank in range(ranks)]
+        commands = [
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                json.dumps(dict(spec, rank=rank, ranks=ranks, shared=shared)),
+            ]
+            for rank in range(ranks)
+        ]
     start = time.perf_counter()
-    procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, start_new_session=True) for command in commands]
+    procs = [
+        subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for command in commands
+    ]
     RUNNING[:] = procs
     reports, errors = {}, {}
     for index, proc in enumerate(procs):
@@ -207,8 +261,9 @@ def run_case(spec, disable, ranks, timeout, launcher="spawn"):
         if rank not in reports:
             reports[rank] = dict(errors.get(rank if launcher == "spawn" else 0, {}), rank=rank)
     wall = round(time.perf_counter() - start, 1)
-    return [dict(reports[rank], wall_s=wall, ranks=ranks, launcher=launcher)
-            for rank in sorted(reports)]
+    return [
+        dict(reports[rank], wall_s=wall, ranks=ranks, launcher=launcher) for rank in sorted(reports)
+    ]
 
 
 def main():
@@ -217,19 +272,33 @@ def main():
     parser.add_argument("--out", required=False)
     parser.add_argument("--sizes", default="2g16,2g4096,16g64")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--cycles", type=int, default=1,
-                        help="release/offload/onload/save cycles per case")
-    parser.add_argument("--overhead", type=int, default=0,
-                        help="ordinary saves per process, for each variant in OVERHEAD")
+    parser.add_argument(
+        "--cycles", type=int, default=1, help="release/offload/onload/save cycles per case"
+    )
+    parser.add_argument(
+        "--overhead",
+        type=int,
+        default=0,
+        help="ordinary saves per process, for each variant in OVERHEAD",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="of the --overhead variants")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--launcher", choices=("spawn", "torchrun"), default="spawn")
-    parser.add_argument("--case", action="append", default=[], metavar="LABEL=STEPS",
-                        help="also run these scenario steps (comma list; faults, <step>@<rank>), "
-                             "at the first size, with the package")
-    parser.add_argument("--finalize", choices=("blocking", "poll"), default="blocking",
-                        help="the --case runs: one blocking finalize per save, or a training "
-                             "loop's non-blocking polls")
+    parser.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="LABEL=STEPS",
+        help="also run these scenario steps (comma list; faults, <step>@<rank>), "
+        "at the first size, with the package",
+    )
+    parser.add_argument(
+        "--finalize",
+        choices=("blocking", "poll"),
+        default="blocking",
+        help="the --case runs: one blocking finalize per save, or a training "
+        "loop's non-blocking polls",
+    )
     parser.add_argument("--no-dist", action="store_true", help="the --case runs: no_dist=True")
     parser.add_argument("--timeout", type=float, default=120.0, help="per save")
     args = parser.parse_args()
@@ -237,8 +306,11 @@ def main():
         return child(json.loads(args.child))
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    meta = {"baseline_bytes": _baseline_bytes(), "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(sys.argv)}
+    meta = {
+        "baseline_bytes": _baseline_bytes(),
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(sys.argv),
+    }
 
     def record(reports):  # as each case ends, so a cut-off run keeps what it measured
         for report in reports:
@@ -254,34 +326,77 @@ def main():
         for name in args.scenarios.split(","):
             package, cached, release = SCENARIOS[name]
             env, onload = PREWARMED.get(name, (ENVIRONMENT.get(name, {}), []))
-            steps = (["ready"] if onload else []) + ["save", "save"] + [
-                *release, "offload", "measure", "onload", *onload, "save"] * cycles
-            record(run_case({"case": f"{size}/{name}", "size": size, "scenario": name,
-                             "cycles": cycles, "steps": steps, "tensors": tensors,
-                             "numel": numel, "cached": cached, "timeout": args.timeout,
-                             "env": env},
-                            "" if package else "1", args.ranks,
-                            args.timeout * (3 + cycles) + 300, args.launcher))
+            steps = (
+                (["ready"] if onload else [])
+                + ["save", "save"]
+                + [*release, "offload", "measure", "onload", *onload, "save"] * cycles
+            )
+            record(
+                run_case(
+                    {
+                        "case": f"{size}/{name}",
+                        "size": size,
+                        "scenario": name,
+                        "cycles": cycles,
+                        "steps": steps,
+                        "tensors": tensors,
+                        "numel": numel,
+                        "cached": cached,
+                        "timeout": args.timeout,
+                        "env": env,
+                    },
+                    "" if package else "1",
+                    args.ranks,
+                    args.timeout * (3 + cycles) + 300,
+                    args.launcher,
+                )
+            )
     for case in args.case:
         label, _, steps = case.partition("=")
         size = args.sizes.split(",")[0]
         tensors, numel = SIZES[size]
-        record(run_case({"case": f"{size}/{label}", "size": size, "scenario": label,
-                         "steps": steps.split(","), "tensors": tensors, "numel": numel,
-                         "cached": True, "timeout": args.timeout, "finalize": args.finalize,
-                         "no_dist": args.no_dist}, "", args.ranks,
-                        args.timeout * 6 + 300, args.launcher))
+        record(
+            run_case(
+                {
+                    "case": f"{size}/{label}",
+                    "size": size,
+                    "scenario": label,
+                    "steps": steps.split(","),
+                    "tensors": tensors,
+                    "numel": numel,
+                    "cached": True,
+                    "timeout": args.timeout,
+                    "finalize": args.finalize,
+                    "no_dist": args.no_dist,
+                },
+                "",
+                args.ranks,
+                args.timeout * 6 + 300,
+                args.launcher,
+            )
+        )
     for size in args.sizes.split(",") if args.overhead else ():
         tensors, numel = SIZES[size]
         for _ in range(args.rounds):  # interleaved, so drift hits every variant alike
             for label, disable in OVERHEAD:
-                record(run_case({"case": f"{size}/overhead-{label}", "size": size,
-                                 "scenario": f"overhead-{label}",
-                                 "steps": ["save", "sleep0.5"] * args.overhead,
-                                 "tensors": tensors,
-                                 "numel": numel, "cached": True, "timeout": args.timeout},
-                                disable, args.ranks, args.timeout * args.overhead + 300,
-                                args.launcher))
+                record(
+                    run_case(
+                        {
+                            "case": f"{size}/overhead-{label}",
+                            "size": size,
+                            "scenario": f"overhead-{label}",
+                            "steps": ["save", "sleep0.5"] * args.overhead,
+                            "tensors": tensors,
+                            "numel": numel,
+                            "cached": True,
+                            "timeout": args.timeout,
+                        },
+                        disable,
+                        args.ranks,
+                        args.timeout * args.overhead + 300,
+                        args.launcher,
+                    )
+                )
     return 0
 
 

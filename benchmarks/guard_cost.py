@@ -20,7 +20,7 @@ import sys
 import tempfile
 import timeit
 
-UNITS = {"k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30}
+UNITS = {"k": 2**10, "m": 2**20, "g": 2**30}
 
 
 def plan_of(state):
@@ -53,10 +53,18 @@ def interleaved_ms(bare, guarded, seconds, rounds=10):
     """Best per-call time of each, and the median of their per-round differences: the
     two run in turn, so that what else the machine does falls on both alike."""
     number = calls_per_round(bare, seconds)
-    times = [(timeit.timeit(bare, number=number) / number * 1e3,
-              timeit.timeit(guarded, number=number) / number * 1e3) for _ in range(rounds)]
-    return (min(t[0] for t in times), min(t[1] for t in times),
-            statistics.median(t[1] - t[0] for t in times))
+    times = [
+        (
+            timeit.timeit(bare, number=number) / number * 1e3,
+            timeit.timeit(guarded, number=number) / number * 1e3,
+        )
+        for _ in range(rounds)
+    ]
+    return (
+        min(t[0] for t in times),
+        min(t[1] for t in times),
+        statistics.median(t[1] - t[0] for t in times),
+    )
 
 
 def one_case(count, nbytes, seconds, writer_class, cached):
@@ -88,8 +96,12 @@ def one_case(count, nbytes, seconds, writer_class, cached):
 
     number = calls_per_round(after_move, seconds)
     moved = min(timeit.repeat(after_move, number=number, repeat=5)) / number * 1e3
-    rows = (("NVRx alone (best)", alone), ("with stale_guard (best)", with_guard),
-            ("stale_guard adds (median)", added), ("the save after a move (best)", moved))
+    rows = (
+        ("NVRx alone (best)", alone),
+        ("with stale_guard (best)", with_guard),
+        ("stale_guard adds (median)", added),
+        ("the save after a move (best)", moved),
+    )
     for name, ms in rows:
         print(f"{count:>6} tensors  {device:<12}  {name:<30} {ms:9.3f} ms")
     cached.clear()

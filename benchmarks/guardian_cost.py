@@ -43,8 +43,11 @@ def _memory(pid):
             parts = line.split()
             if len(parts) == 3 and parts[2] == "kB":
                 fields[parts[0].rstrip(":")] = int(parts[1])
-    return (fields["Rss"], fields["Pss"],
-            fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0))
+    return (
+        fields["Rss"],
+        fields["Pss"],
+        fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0),
+    )
 
 
 def _cpu_ms(pid):
@@ -60,8 +63,10 @@ def _trainer(tell):
 
     from nvrx_ipc_fix.worker import guardian
 
-    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-               for _ in range(WORKERS)]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        for _ in range(WORKERS)
+    ]
     began = time.perf_counter()
     guardian.guard(workers[0])
     first = time.perf_counter() - began
@@ -70,9 +75,17 @@ def _trainer(tell):
     while fcntl.ioctl(guardian._pipe, termios.FIONREAD, b"\0" * 4) != b"\0" * 4:
         time.sleep(0.0005)
     watching = time.perf_counter() - began
-    os.write(tell, json.dumps({"guardian": guardian._process.pid, "first_guard_ms": first * 1e3,
-                               "watching_ms": watching * 1e3,
-                               "workers": [w.pid for w in workers]}).encode())
+    os.write(
+        tell,
+        json.dumps(
+            {
+                "guardian": guardian._process.pid,
+                "first_guard_ms": first * 1e3,
+                "watching_ms": watching * 1e3,
+                "workers": [w.pid for w in workers],
+            }
+        ).encode(),
+    )
     while True:
         signal.pause()
 
@@ -117,11 +130,15 @@ def per_save(calls):
     filesystem_async.get_write_results_queue()  # NVRx's results-queue manager, as a save makes
     try:
         guardian.adopt(queue)
-        cases = {"adopt(queue), already guarded": lambda: guardian.adopt(queue),
-                 "guard(process), already guarded": lambda: guardian.guard(worker),
-                 "a bare call": lambda: None}
-        return {name: min(timeit.repeat(call, number=calls, repeat=5)) / calls * 1e6
-                for name, call in cases.items()}
+        cases = {
+            "adopt(queue), already guarded": lambda: guardian.adopt(queue),
+            "guard(process), already guarded": lambda: guardian.guard(worker),
+            "a bare call": lambda: None,
+        }
+        return {
+            name: min(timeit.repeat(call, number=calls, repeat=5)) / calls * 1e6
+            for name, call in cases.items()
+        }
     finally:
         caller.process = None
         worker.kill()
@@ -147,8 +164,15 @@ def main():
     for _ in range(args.runs):
         rows.append(run_once())
         print(json.dumps(rows[-1]), flush=True)
-    for key in ("first_guard_ms", "watching_ms", "guardian_cpu_ms", "rss_kib", "pss_kib",
-                "private_kib", "all_gone_ms"):
+    for key in (
+        "first_guard_ms",
+        "watching_ms",
+        "guardian_cpu_ms",
+        "rss_kib",
+        "pss_kib",
+        "private_kib",
+        "all_gone_ms",
+    ):
         print(_summary(rows, key))
     print(f"runs with a process left after 30 s: {sum(bool(r['left']) for r in rows)}")
     for name, us in per_save(args.calls).items():

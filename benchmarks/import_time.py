@@ -46,18 +46,27 @@ def compare(base, other, runs, env=None):
     for i, kind in enumerate(("wall", "cpu")):
         a = statistics.median(s[0][i] for s in samples) * 1e3
         b = statistics.median(s[1][i] for s in samples) * 1e3
-        result[kind] = {"base_ms": round(a, 1), "with_ms": round(b, 1),
-                        "added_ms": round(b - a, 1)}
+        result[kind] = {"base_ms": round(a, 1), "with_ms": round(b, 1), "added_ms": round(b - a, 1)}
     return result
 
 
 def import_mode(runs):
     env = dict(os.environ, NVRX_IPC_FIX_AUTO="0")  # else the .pth has imported it already
-    result = compare([sys.executable, "-c", "pass"],
-                     [sys.executable, "-c", "import nvrx_ipc_fix"], runs, env)
-    loaded = subprocess.run([sys.executable, "-c", "import sys, json, nvrx_ipc_fix; print(json."
-                             f"dumps([m for m in {HEAVY!r} if m in sys.modules]))"],
-                            check=True, capture_output=True, text=True, env=env).stdout.strip()
+    result = compare(
+        [sys.executable, "-c", "pass"], [sys.executable, "-c", "import nvrx_ipc_fix"], runs, env
+    )
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, json, nvrx_ipc_fix; print(json."
+            f"dumps([m for m in {HEAVY!r} if m in sys.modules]))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
     result["heavy_modules_imported"] = json.loads(loaded)
     return result
 
@@ -65,33 +74,55 @@ def import_mode(runs):
 def venv(path, *packages):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True)
     python = os.path.join(path, "bin", "python")
-    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--quiet",
-                    "--disable-pip-version-check", *packages], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            *packages,
+        ],
+        check=True,
+    )
     return python
 
 
 def pth_mode(runs):
     deps = [f"{name}=={metadata.version(name)}" for name in ("wrapt", "packaging")]
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", tmp,
-                        ROOT], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", tmp, ROOT],
+            check=True,
+        )
         wheel = next(os.path.join(tmp, n) for n in os.listdir(tmp) if n.endswith(".whl"))
         base = venv(os.path.join(tmp, "base"), *deps)
         with_pth = venv(os.path.join(tmp, "with"), wheel, *deps)
         env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
         result = compare([base, "-c", "pass"], [with_pth, "-c", "pass"], runs, env)
-        probe = ("import sys, json; m = sys.modules.get('nvrx_ipc_fix'); print(json.dumps("
-                 f"[[h for h in {HEAVY!r} if h in sys.modules], m and m.status().source]))")
-        heavy, source = json.loads(subprocess.run([with_pth, "-c", probe], check=True,
-                                                  capture_output=True, text=True).stdout)
+        probe = (
+            "import sys, json; m = sys.modules.get('nvrx_ipc_fix'); print(json.dumps("
+            f"[[h for h in {HEAVY!r} if h in sys.modules], m and m.status().source]))"
+        )
+        heavy, source = json.loads(
+            subprocess.run(
+                [with_pth, "-c", probe], check=True, capture_output=True, text=True
+            ).stdout
+        )
     result.update(source=source, heavy_modules_imported=heavy, deps=deps)
     return result
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pth", action="store_true",
-                        help="measure the installed .pth on `python -c pass` (two fresh venvs)")
+    parser.add_argument(
+        "--pth",
+        action="store_true",
+        help="measure the installed .pth on `python -c pass` (two fresh venvs)",
+    )
     parser.add_argument("--runs", type=int)
     args = parser.parse_args()
     runs = args.runs or (200 if args.pth else 40)

@@ -35,6 +35,7 @@ class Counting:
         def call(*args):
             self.calls += 1
             return method(*args)
+
         return call
 
 
@@ -46,11 +47,23 @@ def check(ranks, kind, missing):
 
     server = None
     if kind == "tcp":
-        server = dist.TCPStore("127.0.0.1", 0, ranks, True, timeout=timedelta(seconds=300),
-                               wait_for_workers=False, use_libuv=True)
-        stores = [Counting(dist.TCPStore("127.0.0.1", server.port, ranks, False,
-                                         timeout=timedelta(seconds=300)))
-                  for _ in range(ranks)]
+        server = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            ranks,
+            True,
+            timeout=timedelta(seconds=300),
+            wait_for_workers=False,
+            use_libuv=True,
+        )
+        stores = [
+            Counting(
+                dist.TCPStore(
+                    "127.0.0.1", server.port, ranks, False, timeout=timedelta(seconds=300)
+                )
+            )
+            for _ in range(ranks)
+        ]
     else:
         shared = dist.HashStore()
         stores = [Counting(shared) for _ in range(ranks)]
@@ -77,13 +90,22 @@ def check(ranks, kind, missing):
     told = {str(v) for r, v in enumerate(verdicts) if r not in missing}
     left = int(stores[0].store.add(peers.COUNT, 0)), int(stores[0].store.add(peers.DONE, 0))
     del server
-    return {"case": "check", "store": kind, "ranks": ranks, "without": len(missing),
-            "verdicts": sorted(told), "calls_total": sum(calls),
-            "calls_per_rank": {"min": min(calls), "max": max(calls),
-                               "median": statistics.median(calls)},
-            "seconds_max": round(max(seconds), 4),
-            "seconds_median": round(statistics.median(seconds), 4),
-            "left_in_store": {"count": left[0], "done": left[1]}}
+    return {
+        "case": "check",
+        "store": kind,
+        "ranks": ranks,
+        "without": len(missing),
+        "verdicts": sorted(told),
+        "calls_total": sum(calls),
+        "calls_per_rank": {
+            "min": min(calls),
+            "max": max(calls),
+            "median": statistics.median(calls),
+        },
+        "seconds_max": round(max(seconds), 4),
+        "seconds_median": round(statistics.median(seconds), 4),
+        "left_in_store": {"count": left[0], "done": left[1]},
+    }
 
 
 def later(path, rank, calls, out):
@@ -97,13 +119,20 @@ def later(path, rank, calls, out):
     dist.barrier()  # NVRx's all-reduce
     peers.check(turn, True)
     if rank == 0:
+
         def once():
             peers.check(peers.announce(), True)
 
         best = min(timeit.repeat(once, number=calls, repeat=5)) / calls
         with open(out, "w") as result:
-            json.dump({"case": "later finalize all-reduce", "us_per_call": round(best * 1e6, 3),
-                       "status": peers.describe()}, result)
+            json.dump(
+                {
+                    "case": "later finalize all-reduce",
+                    "us_per_call": round(best * 1e6, 3),
+                    "status": peers.describe(),
+                },
+                result,
+            )
     dist.barrier()
     dist.destroy_process_group()
 
@@ -113,9 +142,12 @@ def later_cost(calls):
 
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "out.json")
-        processes = [multiprocessing.get_context("spawn").Process(
-            target=later, args=(os.path.join(scratch, "pg"), rank, calls, out))
-            for rank in range(2)]
+        processes = [
+            multiprocessing.get_context("spawn").Process(
+                target=later, args=(os.path.join(scratch, "pg"), rank, calls, out)
+            )
+            for rank in range(2)
+        ]
         for process in processes:
             process.start()
         for process in processes:

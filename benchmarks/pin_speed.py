@@ -20,22 +20,32 @@ def child(gib, blocks, threads):
     import torch
 
     torch.empty(1, device="cuda")  # the context, as the worker has it
-    size, pinned = gib * 2 ** 30 // blocks, []
+    size, pinned = gib * 2**30 // blocks, []
 
     def pin(count):
         for _ in range(count):
             pinned.append(torch.empty(size, dtype=torch.uint8, pin_memory=True))
 
     began = time.perf_counter()
-    workers = [threading.Thread(target=pin, args=(blocks // threads + (i < blocks % threads),))
-               for i in range(threads)]
+    workers = [
+        threading.Thread(target=pin, args=(blocks // threads + (i < blocks % threads),))
+        for i in range(threads)
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    print(json.dumps({"gib": gib, "blocks": blocks, "threads": threads,
-                      "pinned_gib": sum(p.numel() for p in pinned) / 2 ** 30,
-                      "seconds": round(time.perf_counter() - began, 3)}))
+    print(
+        json.dumps(
+            {
+                "gib": gib,
+                "blocks": blocks,
+                "threads": threads,
+                "pinned_gib": sum(p.numel() for p in pinned) / 2**30,
+                "seconds": round(time.perf_counter() - began, 3),
+            }
+        )
+    )
 
 
 def main():
@@ -48,8 +58,19 @@ def main():
     if args.child:
         return child(args.gib, args.blocks, args.child)
     for threads in map(int, args.threads.split(",")):
-        subprocess.run([sys.executable, __file__, "--gib", str(args.gib), "--blocks",
-                        str(args.blocks), "--child", str(threads)], check=False)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--gib",
+                str(args.gib),
+                "--blocks",
+                str(args.blocks),
+                "--child",
+                str(threads),
+            ],
+            check=False,
+        )
 
 
 if __name__ == "__main__":

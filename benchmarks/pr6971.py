@@ -60,7 +60,8 @@ def main(argv):
     source = source.replace(UPSTREAM_IMPORT, "").replace(
         "from tests.unit_tests.test_utilities import Utils",
         "from tests.unit_tests.test_utilities import Utils\n"
-        "from nvrx_ipc_fix import PersistentAsyncWorkerError  # not in released megatron-core")
+        "from nvrx_ipc_fix import PersistentAsyncWorkerError  # not in released megatron-core",
+    )
     with tempfile.TemporaryDirectory(prefix="pr6971-") as root:
         helpers = os.path.join(root, "tests", "unit_tests")
         os.makedirs(helpers)
@@ -70,10 +71,24 @@ def main(argv):
             out.write(textwrap.dedent(UTILS))
         with open(os.path.join(root, "test_async_worker_failure.py"), "w") as out:
             out.write(source)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            filter(None, [root, os.environ.get("PYTHONPATH")])))
-        return subprocess.call([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
-                                "test_async_worker_failure.py"], cwd=root, env=env, timeout=540)
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        )
+        return subprocess.call(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-v",
+                "-p",
+                "no:cacheprovider",
+                "test_async_worker_failure.py",
+            ],
+            cwd=root,
+            env=env,
+            timeout=540,
+        )
 
 
 if __name__ == "__main__":

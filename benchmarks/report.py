@@ -16,8 +16,7 @@ import statistics
 
 GIB = float(1 << 30)
 HERE = os.path.dirname(os.path.abspath(__file__))
-ORDER = ("vanilla", "nemo_rl", "terminate", "flush", "auto", "no_cache", "restart",
-         "auto_restart")
+ORDER = ("vanilla", "nemo_rl", "terminate", "flush", "auto", "no_cache", "restart", "auto_restart")
 #: The scenarios compared for prewarm: the two releases it replaces, and itself.
 PREWARM = ("flush", "terminate", "restart", "restart_nopin", "auto_restart")
 CLEAN_BASELINE = 1 << 30  # a baseline above this means another process was on the device
@@ -30,8 +29,11 @@ def load(pattern=RESULTS):
     rows = []
     for path in sorted(glob.glob(pattern)):
         with open(path) as lines:
-            rows += [dict(json.loads(line), file=os.path.basename(path))
-                     for line in lines if line.strip()]
+            rows += [
+                dict(json.loads(line), file=os.path.basename(path))
+                for line in lines
+                if line.strip()
+            ]
     return rows
 
 
@@ -58,12 +60,20 @@ def lifecycle_table(rows, size, ranks=1):
     median next-save blocking time and release over the cycles, and the stale tensors of
     every save."""
     rank_col = ranks > 1
-    out = ["| NVRx | scenario |" + (" rank |" if rank_col else "") + " cycles | held after "
-           "offload (allocated) | device used over an empty process | warm save blocks | "
-           "next save blocks | next save total | release | stale tensors | hang |",
-           "|---|---|" + ("---|" if rank_col else "") + "---|---|---|---|---|---|---|---|---|"]
-    found = [r for r in rows if r.get("size") == size and r.get("scenario") in ORDER
-             and r.get("ranks", 1) == ranks and r.get("saves")]
+    out = [
+        "| NVRx | scenario |" + (" rank |" if rank_col else "") + " cycles | held after "
+        "offload (allocated) | device used over an empty process | warm save blocks | "
+        "next save blocks | next save total | release | stale tensors | hang |",
+        "|---|---|" + ("---|" if rank_col else "") + "---|---|---|---|---|---|---|---|---|",
+    ]
+    found = [
+        r
+        for r in rows
+        if r.get("size") == size
+        and r.get("scenario") in ORDER
+        and r.get("ranks", 1) == ranks
+        and r.get("saves")
+    ]
     for r in sorted(found, key=lambda r: (r["nvrx"], ORDER.index(r["scenario"]), r["rank"])):
         measures = r.get("measures") or [{}]
         held = max(m.get("allocated") or 0 for m in measures)
@@ -74,31 +84,45 @@ def lifecycle_table(rows, size, ranks=1):
         seconds = _release_s(r)
         stale = sum(s["stale"] or 0 for s in r["saves"])
         out.append(
-            f"| {r['nvrx']} | {r['scenario']} |" + (f" {r['rank']} |" if rank_col else "")
+            f"| {r['nvrx']} | {r['scenario']} |"
+            + (f" {r['rank']} |" if rank_col else "")
             + f" {len(after)} | {held / GIB:.3f} GiB | {used} | "
             f"{r['saves'][1]['blocked_s']:.3f} s | {blocks:.3f} s | {total:.2f} s | "
             f"{'' if seconds is None else f'{seconds:.3f} s'} | {stale} | "
-            f"{'**yes**' if r.get('hang') else 'no'} |")
+            f"{'**yes**' if r.get('hang') else 'no'} |"
+        )
     return "\n".join(out)
 
 
 def faults_table(rows):
     """Cases with worker faults or a rank that releases alone: what each rank saw."""
-    out = ["| NVRx | case | rank | error | raised in | after | failed ranks | saves after, "
-           "stale | log | hang |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted((r for r in rows if r.get("device") == "cuda" and r.get("log") is not None
-                     and (r.get("faults") or r.get("log"))),
-                    key=lambda r: (r["nvrx"], r.get("case", ""), r["rank"])):
+    out = [
+        "| NVRx | case | rank | error | raised in | after | failed ranks | saves after, "
+        "stale | log | hang |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(
+        (
+            r
+            for r in rows
+            if r.get("device") == "cuda"
+            and r.get("log") is not None
+            and (r.get("faults") or r.get("log"))
+        ),
+        key=lambda r: (r["nvrx"], r.get("case", ""), r["rank"]),
+    ):
         fault = (r.get("faults") or [{}])[0]
         error = fault.get("finalize_error") or fault.get("error") or {}
         log = "; ".join(f"{e['level']} at {e['t']:.0f} s" for e in r["log"]) or "none"
         after = fault.get("after_s")
-        out.append(f"| {r['nvrx']} | {r.get('case')} | {r['rank']} | "
-                   f"{error.get('type', 'none')} | {fault.get('raised_in') or ''} | "
-                   f"{'' if after is None else f'{after:.2f} s'} | "
-                   f"{','.join(map(str, error.get('failed_ranks', []))) or ''} | "
-                   f"{sum(s['stale'] or 0 for s in r['saves'])} | {log} | "
-                   f"{'**yes**' if r.get('hang') else 'no'} |")
+        out.append(
+            f"| {r['nvrx']} | {r.get('case')} | {r['rank']} | "
+            f"{error.get('type', 'none')} | {fault.get('raised_in') or ''} | "
+            f"{'' if after is None else f'{after:.2f} s'} | "
+            f"{','.join(map(str, error.get('failed_ranks', []))) or ''} | "
+            f"{sum(s['stale'] or 0 for s in r['saves'])} | {log} | "
+            f"{'**yes**' if r.get('hang') else 'no'} |"
+        )
     return "\n".join(out)
 
 
@@ -106,26 +130,35 @@ def recovery_table(rows):
     """Worker faults under the recovery protocol (reports that name their finalize mode):
     per fault, what the rank raised and when, whether the next finalize raised it again, the
     saves the error named, and the next save (blocked, total, stale tensors on load)."""
-    out = ["| NVRx | case | finalize | fault | error | raised in | after | raised again | "
-           "saves named not saved | next save blocks / total | next save stale | hang |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted((r for r in rows if r.get("device") == "cuda" and "finalize" in r
-                     and r.get("faults")), key=lambda r: (r["nvrx"], r.get("case", ""),
-                                                          r["finalize"], r["rank"])):
+    out = [
+        "| NVRx | case | finalize | fault | error | raised in | after | raised again | "
+        "saves named not saved | next save blocks / total | next save stale | hang |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(
+        (r for r in rows if r.get("device") == "cuda" and "finalize" in r and r.get("faults")),
+        key=lambda r: (r["nvrx"], r.get("case", ""), r["finalize"], r["rank"]),
+    ):
         for fault in r["faults"]:
             error = fault.get("error") or {}
-            after = next((s for s in r["saves"] if s["step"] > fault["step"]
-                          and not s.get("lost")), {})
-            times = (f"{after['blocked_s']:.3f} / {after['total_s']:.3f} s"
-                     if after.get("total_s") is not None else "")
+            after = next(
+                (s for s in r["saves"] if s["step"] > fault["step"] and not s.get("lost")), {}
+            )
+            times = (
+                f"{after['blocked_s']:.3f} / {after['total_s']:.3f} s"
+                if after.get("total_s") is not None
+                else ""
+            )
             took = "" if fault.get("after_s") is None else f"{fault['after_s']:.2f} s"
-            out.append(f"| {r['nvrx']} | {r.get('case')} | {r['finalize']}"
-                       f"{', no_dist' if r.get('no_dist') else ''} | {fault['fault']} | "
-                       f"{error.get('type', 'none')} | {fault.get('raised_in') or ''} | "
-                       f"{took} | "
-                       f"{(fault.get('again') or {}).get('type', 'no')} | "
-                       f"{len(fault.get('lost') or [])} | {times} | {after.get('stale', '')} | "
-                       f"{'**yes**' if r.get('hang') else 'no'} |")
+            out.append(
+                f"| {r['nvrx']} | {r.get('case')} | {r['finalize']}"
+                f"{', no_dist' if r.get('no_dist') else ''} | {fault['fault']} | "
+                f"{error.get('type', 'none')} | {fault.get('raised_in') or ''} | "
+                f"{took} | "
+                f"{(fault.get('again') or {}).get('type', 'no')} | "
+                f"{len(fault.get('lost') or [])} | {times} | {after.get('stale', '')} | "
+                f"{'**yes**' if r.get('hang') else 'no'} |"
+            )
     return "\n".join(out)
 
 
@@ -133,15 +166,23 @@ def prewarm_table(rows, size):
     """Per case, over all its cycles: worker processes and device memory during the inference
     phase (the ``measure`` after each offload), a warm save, the saves after the onloads, the
     first save of the job, the release, and how long the next worker took to start."""
-    out = ["| NVRx | scenario | cycles | worker processes during inference | device used "
-           "during inference over an empty process (max) | warm save blocks | save after "
-           "onload blocks (median / max) | max / warm | first save blocks | first / warm | "
-           "release (median) | next worker ready after (median / max) | host memory pinned ahead "
-           "| stale tensors | hang |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    found = [r for r in rows if r.get("size") == size and r.get("scenario") in PREWARM
-             and r.get("saves") and r.get("ranks", 1) == 1
-             and any("workers" in m for m in r.get("measures") or [])]  # this benchmark's
+    out = [
+        "| NVRx | scenario | cycles | worker processes during inference | device used "
+        "during inference over an empty process (max) | warm save blocks | save after "
+        "onload blocks (median / max) | max / warm | first save blocks | first / warm | "
+        "release (median) | next worker ready after (median / max) | host memory pinned ahead "
+        "| stale tensors | hang |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    found = [
+        r
+        for r in rows
+        if r.get("size") == size
+        and r.get("scenario") in PREWARM
+        and r.get("saves")
+        and r.get("ranks", 1) == 1
+        and any("workers" in m for m in r.get("measures") or [])
+    ]  # this benchmark's
     for r in sorted(found, key=lambda r: (r["nvrx"], PREWARM.index(r["scenario"]))):
         measures, saves = r.get("measures") or [], r["saves"]
         workers = sorted({m.get("workers") for m in measures}, key=str)
@@ -160,7 +201,8 @@ def prewarm_table(rows, size):
             f"{f'{statistics.median(ready):.2f} / {max(ready):.2f} s' if ready else ''} | "
             f"{', '.join(f'{b / GIB:.2f} GiB' for b in sorted(pinned)) or 'not recorded'} | "
             f"{sum(s.get('stale') or 0 for s in saves)} | "
-            f"{'**yes**' if r.get('hang') else 'no'} |")
+            f"{'**yes**' if r.get('hang') else 'no'} |"
+        )
     return "\n".join(out)
 
 
@@ -168,29 +210,34 @@ def overhead_table(rows):
     """Median blocking time (and save + finalize) of ordinary cached saves per variant, one
     row per run (the first two saves of each process, which start the worker and prime the
     cache, are left out)."""
-    out = ["| run (results file) | NVRx | device | size | saves per variant | vanilla | package | "
-           "package without worker_watch | package / vanilla | worker_watch's cost | "
-           "save + blocking finalize: vanilla, package |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| run (results file) | NVRx | device | size | saves per variant | vanilla | package | "
+        "package without worker_watch | package / vanilla | worker_watch's cost | "
+        "save + blocking finalize: vanilla, package |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     by = {}
     for r in rows:
         if str(r.get("scenario", "")).startswith("overhead-") and r.get("saves"):
             run = r["file"]
             key = (run, r["nvrx"], r["device"].split()[0], r["size"])
-            by.setdefault(key, {}).setdefault(r["scenario"][len("overhead-"):], []).extend(
-                (s["blocked_s"], s["total_s"]) for s in r["saves"][2:])
+            by.setdefault(key, {}).setdefault(r["scenario"][len("overhead-") :], []).extend(
+                (s["blocked_s"], s["total_s"]) for s in r["saves"][2:]
+            )
     for (run, nvrx, device, size), runs in sorted(by.items()):
         if {"vanilla", "package"} <= set(runs):
             med = {name: statistics.median(b for b, _ in saves) for name, saves in runs.items()}
             tot = {name: statistics.median(t for _, t in saves) for name, saves in runs.items()}
             watch = med.get("no-watch")
             cost = "" if watch is None else f"{(med['package'] / watch - 1) * 100:+.1f} %"
-            out.append(f"| {run} | {nvrx} | {device} | {size} | {len(runs['package'])} | "
-                       f"{med['vanilla']:.4f} s | {med['package']:.4f} s | "
-                       f"{'not run' if watch is None else f'{watch:.4f} s'} | "
-                       f"{med['package'] / med['vanilla']:.3f} | "
-                       f"{cost} | "
-                       f"{tot['vanilla']:.3f} s, {tot['package']:.3f} s |")
+            out.append(
+                f"| {run} | {nvrx} | {device} | {size} | {len(runs['package'])} | "
+                f"{med['vanilla']:.4f} s | {med['package']:.4f} s | "
+                f"{'not run' if watch is None else f'{watch:.4f} s'} | "
+                f"{med['package'] / med['vanilla']:.3f} | "
+                f"{cost} | "
+                f"{tot['vanilla']:.3f} s, {tot['package']:.3f} s |"
+            )
     return "\n".join(out)
 
 
@@ -222,8 +269,11 @@ def chart(rows, path):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--chart")
-    parser.add_argument("--results", default=os.path.join(HERE, "results", "*.jsonl"),
-                        help="JSON-lines files to read (a glob)")
+    parser.add_argument(
+        "--results",
+        default=os.path.join(HERE, "results", "*.jsonl"),
+        help="JSON-lines files to read (a glob)",
+    )
     args = parser.parse_args()
     rows = load(args.results)
     for ranks in (1, 2):

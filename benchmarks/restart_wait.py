@@ -39,16 +39,16 @@ from gpu_lifecycle import SIZES  # noqa: E402  (the model sizes the other benchm
 
 def _descendants_cpu(pid):
     """CPU seconds (user + system) of each process below ``pid``: {pid: seconds}."""
-    from nvrx_ipc_fix.worker.monitor import _children, stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import children, stat_fields
 
     ticks = os.sysconf("SC_CLK_TCK")
-    seen, todo = {}, _children(pid)
+    seen, todo = {}, children(pid)
     while todo:
         child = todo.pop()
         try:
             fields = stat_fields(child)
             seen[child] = (int(fields[11]) + int(fields[12])) / ticks
-            todo.extend(_children(child))
+            todo.extend(children(child))
         except (OSError, IndexError, ValueError):
             pass
     return seen
@@ -86,16 +86,26 @@ def child(spec):
             suspend.ready(trainer.queue)
         back = time.perf_counter()
         after = nvrx_ipc_fix.status()
-        cycles.append({
-            "release_s": round(released.seconds, 4), "measure": measure,
-            "onload_blocked_s": round(back - onloaded, 4), "suspended": released.worker_suspended,
-            "checkpoint_s": suspend.last.get("checkpoint_s") if released.worker_suspended else None,
-            "on_device": sorted(apps or ()),
-            "worker_on_device": bool(apps and set(apps) & set(workers)),
-            "standby": sb, "standby_on_device": bool(apps and sb in apps),
-            "prewarm_s": round(time.perf_counter() - onloaded, 4), "onloaded_at": onloaded,
-            "cycle_began": began, "workers_started": after.prewarms - before.prewarms,
-            "standby_status": after.standby})
+        cycles.append(
+            {
+                "release_s": round(released.seconds, 4),
+                "measure": measure,
+                "onload_blocked_s": round(back - onloaded, 4),
+                "suspended": released.worker_suspended,
+                "checkpoint_s": suspend.last.get("checkpoint_s")
+                if released.worker_suspended
+                else None,
+                "on_device": sorted(apps or ()),
+                "worker_on_device": bool(apps and set(apps) & set(workers)),
+                "standby": sb,
+                "standby_on_device": bool(apps and sb in apps),
+                "prewarm_s": round(time.perf_counter() - onloaded, 4),
+                "onloaded_at": onloaded,
+                "cycle_began": began,
+                "workers_started": after.prewarms - before.prewarms,
+                "standby_status": after.standby,
+            }
+        )
 
     def step_done(trainer):  # after the training step (and the save, if any)
         spent = cpu_since_last()
@@ -118,12 +128,15 @@ def child(spec):
         if cycles[-1]["suspended"]:  # the resume ran beside the step, or in line
             suspend.ready(trainer.queue)
             cycles[-1]["restore_s"] = suspend.last.get("restore_s")
-            cycles[-1]["ready_after_onload_s"] = round(
-                suspend.last["resumed_at"] - cycles[-1]["onloaded_at"], 4) \
-                if "resumed_at" in suspend.last else None
+            cycles[-1]["ready_after_onload_s"] = (
+                round(suspend.last["resumed_at"] - cycles[-1]["onloaded_at"], 4)
+                if "resumed_at" in suspend.last
+                else None
+            )
 
-    scenario.EXTRA_STEPS.update({"offloading-bench": offloading, "cpu": step_done,
-                                 "step": training_step})
+    scenario.EXTRA_STEPS.update(
+        {"offloading-bench": offloading, "cpu": step_done, "step": training_step}
+    )
     steps = ["save", "save", "cpu"]
     for i in range(spec["cycles"]):
         steps += ["offloading-bench", "step", "ready"]
@@ -132,8 +145,9 @@ def child(spec):
         steps.append("cpu")
     tensors, numel = SIZES[spec["size"]]
     with tempfile.TemporaryDirectory(dir=spec.get("dir")) as directory:
-        report = scenario.run(steps, directory, timeout=spec["timeout"], n_tensors=tensors,
-                              numel=numel)
+        report = scenario.run(
+            steps, directory, timeout=spec["timeout"], n_tensors=tensors, numel=numel
+        )
     report["cycles"] = cycles
     print("REPORT " + json.dumps(report))
 
@@ -143,19 +157,33 @@ def run_case(spec):
     if spec["strategy"] == "restart" and not spec.get("standby", True):
         env["NVRX_IPC_FIX_STANDBY"] = "off"
     began = time.time()
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env,
-                          capture_output=True, text=True, timeout=spec["timeout"] * 40)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=spec["timeout"] * 40,
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("REPORT ")]
     if not lines:
         return {"spec": spec, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-4000:]}
-    report = json.loads(lines[-1][len("REPORT "):])
-    return {"spec": spec, "wall_s": round(time.time() - began, 1), "nvrx": report["nvrx"],
-            "device": report["device"], "hang": report["hang"],
-            "stale": [s["stale"] for s in report["saves"]],
-            "saves": [{k: s[k] for k in ("step", "blocked_s", "worker_before", "worker")}
-                      for s in report["saves"]],
-            "ready": report.get("ready", []), "cycles": report["cycles"],
-            "log": report["log"], "prewarm_failures": report["prewarm_failures"]}
+    report = json.loads(lines[-1][len("REPORT ") :])
+    return {
+        "spec": spec,
+        "wall_s": round(time.time() - began, 1),
+        "nvrx": report["nvrx"],
+        "device": report["device"],
+        "hang": report["hang"],
+        "stale": [s["stale"] for s in report["saves"]],
+        "saves": [
+            {k: s[k] for k in ("step", "blocked_s", "worker_before", "worker")}
+            for s in report["saves"]
+        ],
+        "ready": report.get("ready", []),
+        "cycles": report["cycles"],
+        "log": report["log"],
+        "prewarm_failures": report["prewarm_failures"],
+    }
 
 
 def _worker_mib(measures):
@@ -177,12 +205,15 @@ def table(paths):
             return ""
         return f"{statistics.median(values):.3f} / {max(values):.3f}{unit}"
 
-    rows = ["| case | cycles | ready after onload (median / max) | of it: to the start-up "
-            "request / pinning (restart); suspend / resume (suspend) | the onload blocks | "
-            "save after onload blocks (median / max) | worker processes during inference / "
-            "their device memory (nvidia-smi, max) | standby on the device | "
-            "CPU s per cycle (median) | "
-            "workers started per cycle | stale | hang |", "|" + "---|" * 12]
+    rows = [
+        "| case | cycles | ready after onload (median / max) | of it: to the start-up "
+        "request / pinning (restart); suspend / resume (suspend) | the onload blocks | "
+        "save after onload blocks (median / max) | worker processes during inference / "
+        "their device memory (nvidia-smi, max) | standby on the device | "
+        "CPU s per cycle (median) | "
+        "workers started per cycle | stale | hang |",
+        "|" + "---|" * 12,
+    ]
     for path in paths:
         for line in open(path):
             case = json.loads(line)
@@ -191,10 +222,15 @@ def table(paths):
             spec, cycles, ready = case["spec"], case["cycles"], case["ready"]
             saves = {s["step"]: s for s in case["saves"]}
             saved = [i for i in range(len(cycles)) if (i + 1) % spec["save_every"] == 0]
-            after = {i: saves[step]["blocked_s"] + ready[i]["waited_s"]  # waited: for the worker
-                     for i, step in zip(saved, sorted(saves)[2:])}  # the saves after an onload
-            name = spec["strategy"] + ("-inline" if spec.get("resume") == "inline" else "") + (
-                f" ({spec['label']})" if spec["label"] != spec["strategy"] else "")
+            after = {
+                i: saves[step]["blocked_s"] + ready[i]["waited_s"]  # waited: for the worker
+                for i, step in zip(saved, sorted(saves)[2:])
+            }  # the saves after an onload
+            name = (
+                spec["strategy"]
+                + ("-inline" if spec.get("resume") == "inline" else "")
+                + (f" ({spec['label']})" if spec["label"] != spec["strategy"] else "")
+            )
             groups = [("", list(range(len(cycles))))]
             if ready and ready[0].get("standby") is None and spec["strategy"] == "restart":
                 groups = [(" (1st: spawned)", [0]), ("", list(range(1, len(cycles))))]
@@ -203,11 +239,19 @@ def table(paths):
                     continue
                 picked = [ready[i] for i in index]
                 kept = [cycles[i] for i in index if cycles[i].get("suspended")]
-                parts = ([[c.get("checkpoint_s") for c in kept], [c.get("restore_s") for c in kept]]
-                         if kept else [[r.get("first_request_s") for r in picked],
-                                       [r.get("pin_s") for r in picked]])
-                ready = ([c.get('ready_after_onload_s') for c in kept] if kept
-                         else [r['ready_s'] for r in picked])
+                parts = (
+                    [[c.get("checkpoint_s") for c in kept], [c.get("restore_s") for c in kept]]
+                    if kept
+                    else [
+                        [r.get("first_request_s") for r in picked],
+                        [r.get("pin_s") for r in picked],
+                    ]
+                )
+                ready = (
+                    [c.get("ready_after_onload_s") for c in kept]
+                    if kept
+                    else [r["ready_s"] for r in picked]
+                )
                 rows.append(
                     f"| {spec['size']} {name}{note} | {len(index)} | "
                     f"{spread(ready)} | "
@@ -220,7 +264,8 @@ def table(paths):
                     f"{statistics.median(cycles[i].get('cpu_s', 0) for i in index):.2f} | "
                     f"{statistics.median(cycles[i]['workers_started'] for i in index):g} | "
                     f"{sum(s for s in case['stale'] if isinstance(s, int))} | "
-                    f"{'yes' if case['hang'] else 'no'} |")
+                    f"{'yes' if case['hang'] else 'no'} |"
+                )
     return "\n".join(rows)
 
 
@@ -230,14 +275,21 @@ def main():
     parser.add_argument("--report", nargs="+", metavar="JSONL", help="print the table of these")
     parser.add_argument("--out")
     parser.add_argument("--sizes", default="2g16,8g64,2g4096")
-    parser.add_argument("--strategies", default="flush,restart,suspend",
-                        help="flush, restart, restart-nostandby (NVRX_IPC_FIX_STANDBY=off), "
-                             "suspend, suspend-inline (the resume waited for at the onload)")
+    parser.add_argument(
+        "--strategies",
+        default="flush,restart,suspend",
+        help="flush, restart, restart-nostandby (NVRX_IPC_FIX_STANDBY=off), "
+        "suspend, suspend-inline (the resume waited for at the onload)",
+    )
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--inference", type=float, default=5.0, help="seconds offloaded")
     parser.add_argument("--step", type=float, default=3.0, help="seconds from onload to save")
-    parser.add_argument("--matmuls", type=int, default=0,
-                        help="the step is this many bf16 8192x8192 products on the GPU instead")
+    parser.add_argument(
+        "--matmuls",
+        type=int,
+        default=0,
+        help="the step is this many bf16 8192x8192 products on the GPU instead",
+    )
     parser.add_argument("--save-every", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=120.0, help="per save")
     parser.add_argument("--label", default="")
@@ -248,13 +300,19 @@ def main():
         return print(table(args.report))
     for size in args.sizes.split(","):
         for strategy in args.strategies.split(","):
-            spec = {"size": size, "strategy": strategy.split("-")[0],
-                    "standby": strategy != "restart-nostandby", "cycles": args.cycles,
-                    "resume": "inline" if strategy == "suspend-inline" else "background",
-                    "matmuls": args.matmuls,
-                    "inference": args.inference, "step": args.step,
-                    "save_every": args.save_every, "timeout": args.timeout,
-                    "label": args.label or strategy}
+            spec = {
+                "size": size,
+                "strategy": strategy.split("-")[0],
+                "standby": strategy != "restart-nostandby",
+                "cycles": args.cycles,
+                "resume": "inline" if strategy == "suspend-inline" else "background",
+                "matmuls": args.matmuls,
+                "inference": args.inference,
+                "step": args.step,
+                "save_every": args.save_every,
+                "timeout": args.timeout,
+                "label": args.label or strategy,
+            }
             result = run_case(spec)
             line = json.dumps(result)
             print(line, flush=True)

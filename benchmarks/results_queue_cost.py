@@ -36,9 +36,11 @@ def shared_queue():
 
 def summary(samples):
     ordered = sorted(samples)
-    return {"median_ms": round(statistics.median(ordered) * 1e3, 3),
-            "p90_ms": round(ordered[int(len(ordered) * 0.9)] * 1e3, 3),
-            "max_ms": round(ordered[-1] * 1e3, 3)}
+    return {
+        "median_ms": round(statistics.median(ordered) * 1e3, 3),
+        "p90_ms": round(ordered[int(len(ordered) * 0.9)] * 1e3, 3),
+        "max_ms": round(ordered[-1] * 1e3, 3),
+    }
 
 
 class Writer:
@@ -53,8 +55,11 @@ def settle(own_results, timeout=10.0):
     a save's schedule and its finalize, and between saves, seconds apart."""
     ahead = getattr(own_results, "_ahead", None)
     start = time.perf_counter()
-    while ahead is not None and (ahead.spare is None or ahead.done) and \
-            time.perf_counter() - start < timeout:
+    while (
+        ahead is not None
+        and (ahead.spare is None or ahead.done)
+        and time.perf_counter() - start < timeout
+    ):
         time.sleep(0.0002)
     took = time.perf_counter() - start
     time.sleep(0.005)
@@ -64,8 +69,9 @@ def settle(own_results, timeout=10.0):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--saves", type=int, default=500)
-    parser.add_argument("--back-to-back", action="store_true",
-                        help="no wait for the next queue between saves")
+    parser.add_argument(
+        "--back-to-back", action="store_true", help="no wait for the next queue between saves"
+    )
     args = parser.parse_args()
     from importlib import metadata
 
@@ -96,9 +102,12 @@ def main():
         finalized = time.perf_counter()
         del writer, prepare, retrieve  # the writer and its request are let go
         dropped = time.perf_counter()
-        for name, value in (("prepare", prepared - start), ("get_nowait", got[0]),
-                            ("finalize", finalized - before - got[0]),
-                            ("drop", dropped - finalized)):
+        for name, value in (
+            ("prepare", prepared - start),
+            ("get_nowait", got[0]),
+            ("finalize", finalized - before - got[0]),
+            ("drop", dropped - finalized),
+        ):
             times[name].append(value)
         times["ahead"].append(ahead)
         if not args.back_to_back:
@@ -108,12 +117,19 @@ def main():
     gc.collect()
     time.sleep(0.5)  # the thread has let go of the last save's queue
     added = [sum(values) for values in zip(times["prepare"], times["finalize"], times["drop"])]
-    print(json.dumps({"nvrx": metadata.version("nvidia-resiliency-ext"), "saves": args.saves,
-                      "back_to_back": args.back_to_back,
-                      "left_in_manager": shared._manager._number_of_objects() - 1,
-                      "first_save_ms": first,
-                      **{name: summary(values) for name, values in times.items()},
-                      "added": summary(added)}))
+    print(
+        json.dumps(
+            {
+                "nvrx": metadata.version("nvidia-resiliency-ext"),
+                "saves": args.saves,
+                "back_to_back": args.back_to_back,
+                "left_in_manager": shared._manager._number_of_objects() - 1,
+                "first_save_ms": first,
+                **{name: summary(values) for name, values in times.items()},
+                "added": summary(added),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

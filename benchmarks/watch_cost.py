@@ -44,27 +44,35 @@ def main():
             one.add(fix, step)
         return one
 
-    watched_schedule = dispatch("AsyncCallsQueue.schedule_async_request",
-                                {"worker_watch": _worker_watch.schedule_wrapper})
-    every_schedule = dispatch("AsyncCallsQueue.schedule_async_request",
-                              {"suspend": _suspend.schedule_wrapper,
-                               "prewarm": _prewarm.schedule_wrapper,
-                               "worker_watch": _worker_watch.schedule_wrapper})
-    watched_done = dispatch("PersistentAsyncCaller.is_current_async_call_done",
-                            {"worker_watch": _worker_watch.done_wrapper})
+    watched_schedule = dispatch(
+        "AsyncCallsQueue.schedule_async_request", {"worker_watch": _worker_watch.schedule_wrapper}
+    )
+    every_schedule = dispatch(
+        "AsyncCallsQueue.schedule_async_request",
+        {
+            "suspend": _suspend.schedule_wrapper,
+            "prewarm": _prewarm.schedule_wrapper,
+            "worker_watch": _worker_watch.schedule_wrapper,
+        },
+    )
+    watched_done = dispatch(
+        "PersistentAsyncCaller.is_current_async_call_done",
+        {"worker_watch": _worker_watch.done_wrapper},
+    )
     cases = {
         "schedule: bare": lambda: schedule(None),
-        "schedule: watched": lambda: _worker_watch.schedule_wrapper(schedule, queue, (None,),
-                                                                    {}),
+        "schedule: watched": lambda: _worker_watch.schedule_wrapper(schedule, queue, (None,), {}),
         "schedule: dispatched, the watch's step": lambda: watched_schedule(
-            schedule, queue, (None,), {}),
-        "schedule: dispatched, every step": lambda: every_schedule(
-            schedule, queue, (None,), {}),
+            schedule, queue, (None,), {}
+        ),
+        "schedule: dispatched, every step": lambda: every_schedule(schedule, queue, (None,), {}),
         "finalize poll, rank-local: bare": lambda: done(False, True),
         "finalize poll, rank-local: watched": lambda: _worker_watch.done_wrapper(
-            done, caller, (False, True), {}),
+            done, caller, (False, True), {}
+        ),
         "finalize poll, rank-local: dispatched": lambda: watched_done(
-            done, caller, (False, True), {}),
+            done, caller, (False, True), {}
+        ),
     }
     for name, call in cases.items():
         best = min(timeit.repeat(call, number=args.calls, repeat=5)) / args.calls

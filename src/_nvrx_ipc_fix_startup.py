@@ -47,5 +47,5 @@ def run(how="pth"):
         if os.environ.get("NVRX_IPC_FIX_LOG_LEVEL", "").strip().lower() == "debug":
             try:
                 sys.stderr.write(f"nvrx_ipc_fix: start-up activation ({how}) failed: {error}\n")
-            except Exception:  # noqa: BLE001 no stderr: start-up goes on
+            except (OSError, ValueError, AttributeError):  # no stderr: start-up goes on
                 pass

@@ -38,14 +38,50 @@ EXPECT = {
     #        sigterm: close(abort=True) SIGTERMs the worker and waits sigterm_timeout for it
     #        snapshots: the writer copies every CPU tensor of a save (PR #376); else the worker
     #        writes the trainer's own, changed after the schedule (torn)
-    "0.4.1": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=False,
-                  warmup=False, daemon=False, sigterm=False, snapshots=False),
-    "0.5.0": dict(cache=False, stale=False, hang=False, upstream_ptrs=False, worker_loop=True,
-                  warmup=False, daemon=False, sigterm=False, snapshots=False),
-    "0.6.0": dict(cache=True, stale=True, hang=True, upstream_ptrs=False, worker_loop=True,
-                  warmup=True, daemon=True, sigterm=False, snapshots=False),
-    "0.7.0": dict(cache=True, stale=False, hang=True, upstream_ptrs=True, worker_loop=True,
-                  warmup=True, daemon=True, sigterm=True, snapshots=True),
+    "0.4.1": dict(
+        cache=False,
+        stale=False,
+        hang=False,
+        upstream_ptrs=False,
+        worker_loop=False,
+        warmup=False,
+        daemon=False,
+        sigterm=False,
+        snapshots=False,
+    ),
+    "0.5.0": dict(
+        cache=False,
+        stale=False,
+        hang=False,
+        upstream_ptrs=False,
+        worker_loop=True,
+        warmup=False,
+        daemon=False,
+        sigterm=False,
+        snapshots=False,
+    ),
+    "0.6.0": dict(
+        cache=True,
+        stale=True,
+        hang=True,
+        upstream_ptrs=False,
+        worker_loop=True,
+        warmup=True,
+        daemon=True,
+        sigterm=False,
+        snapshots=False,
+    ),
+    "0.7.0": dict(
+        cache=True,
+        stale=False,
+        hang=True,
+        upstream_ptrs=True,
+        worker_loop=True,
+        warmup=True,
+        daemon=True,
+        sigterm=True,
+        snapshots=True,
+    ),
 }
 #: NVRx's main at d8686d9 (2026-08-07), built from its repository for one run of the NVRx
 #: tests (docs/versions.md, "NVRx's main"): 0.7.0's code but for the CPU snapshots.
@@ -64,16 +100,19 @@ def lacks(what, nvrx=NVRX):
 
 
 needs_nvrx = pytest.mark.skipif(NVRX is None, reason=NO_NVRX)
-needs_cache = pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("cache"),
-                                 reason=lacks("has no IPC cache"))
-needs_warmup = pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("warmup"),
-                                  reason=lacks("starts its worker only inside a save"))
+needs_cache = pytest.mark.skipif(
+    not EXPECT.get(NVRX, {}).get("cache"), reason=lacks("has no IPC cache")
+)
+needs_warmup = pytest.mark.skipif(
+    not EXPECT.get(NVRX, {}).get("warmup"), reason=lacks("starts its worker only inside a save")
+)
 #: Is the package installed here with its .pth (tox installs the wheel), so that every
 #: process started from this interpreter, NVRx's spawned worker too, can activate it?
 PTH = Path(sysconfig.get_paths()["purelib"], "nvrx_ipc_fix.pth").exists()
 pth_installed = pytest.mark.skipif(
-    not PTH, reason="nvrx-ipc-fix is not installed with its .pth in this interpreter "
-    "(tox installs it)")
+    not PTH,
+    reason="nvrx-ipc-fix is not installed with its .pth in this interpreter (tox installs it)",
+)
 
 
 def uv(*args, timeout=600):
@@ -85,8 +124,9 @@ def uv(*args, timeout=600):
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never")
     if os.environ.get("PIP_FIND_LINKS"):  # where this machine keeps wheels (torch CPU)
         env.setdefault("UV_FIND_LINKS", os.environ["PIP_FIND_LINKS"])
-    subprocess.run([find_uv_bin(), *args], check=True, timeout=timeout, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [find_uv_bin(), *args], check=True, timeout=timeout, env=env, stdout=subprocess.DEVNULL
+    )
 
 
 def expect(key):
@@ -146,10 +186,15 @@ def run_process(args, *, fix=True, auto=False, env=None, timeout=120, fresh=Fals
     for a fresh interpreter (``run_codes``), unless ``fresh`` (the test is about start-up)."""
     code = None if fresh or not _forkable(fix, auto, env) else _as_code(args)
     if code is not None:
-        return run_codes([code[0]], fix=fix, auto=auto, env=env, timeout=timeout,
-                         argv=code[1])[0]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(fix, auto, env), start_new_session=True)
+        return run_codes([code[0]], fix=fix, auto=auto, env=env, timeout=timeout, argv=code[1])[0]
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(fix, auto, env),
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -182,12 +227,27 @@ def last_json(out):
     raise AssertionError(f"no JSON line in the child's stdout:\n{out[-3000:]}")
 
 
-def run_python(code, *, python=sys.executable, flags=(), fix=True, auto=False, env=None,
-               timeout=120, fresh=False):
+def run_python(
+    code,
+    *,
+    python=sys.executable,
+    flags=(),
+    fix=True,
+    auto=False,
+    env=None,
+    timeout=120,
+    fresh=False,
+):
     """Run ``code`` in a fresh interpreter, or in what stands for one (``run_process``);
     return its last stdout line parsed as JSON."""
-    rc, out, err = run_process([python, *flags, "-c", textwrap.dedent(code)], fix=fix,
-                               auto=auto, env=env, timeout=timeout, fresh=fresh)
+    rc, out, err = run_process(
+        [python, *flags, "-c", textwrap.dedent(code)],
+        fix=fix,
+        auto=auto,
+        env=env,
+        timeout=timeout,
+        fresh=fresh,
+    )
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     return last_json(out)
 
@@ -197,8 +257,12 @@ class Zygote:
 
     def __init__(self):
         env = _env(True, False)  # start-up activation off: the zygote never imports the package
-        self.proc = subprocess.Popen([sys.executable, os.path.join(TESTS, "zygote.py")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(TESTS, "zygote.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         self.exited, self.lines, self.buffer, self.ready = {}, [], b"", False
 
     def wait_ready(self):
@@ -210,8 +274,14 @@ class Zygote:
 
     def start(self, code, env, out, err, argv=()):
         self.wait_ready()
-        request = {"code": textwrap.dedent(code), "argv": list(argv), "env": env,
-                   "cwd": os.getcwd(), "out": out, "err": err}
+        request = {
+            "code": textwrap.dedent(code),
+            "argv": list(argv),
+            "env": env,
+            "cwd": os.getcwd(),
+            "out": out,
+            "err": err,
+        }
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.flush()
         self._read(lambda: any("rc" not in line for line in self.lines), 60)
@@ -255,8 +325,10 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 #: A GPU here: CUDA cannot be used in a process forked from one that initialized it, so
 #: children are fresh interpreters and NVRx spawns its workers (no zygote, no forkserver).
 #: Read from the device nodes, without importing torch.
-GPU = any(name.startswith("nvidia") and name[6:].isdigit()
-          for name in (os.listdir("/dev") if os.path.isdir("/dev") else ()))
+GPU = any(
+    name.startswith("nvidia") and name[6:].isdigit()
+    for name in (os.listdir("/dev") if os.path.isdir("/dev") else ())
+)
 _zygote = []  # the session's Zygote (pytest_sessionstart), or started on first use
 
 
@@ -278,8 +350,11 @@ def _forkable(fix, auto, env):
     a GPU, not with start-up activation (``auto``), not with a ``PYTHON*`` variable of the
     child's own."""
     startup = {k: v for k, v in _env(fix, auto, env).items() if k.startswith("PYTHON")}
-    return not GPU and not auto and startup == {k: v for k, v in _env(fix, False).items()
-                                                if k.startswith("PYTHON")}
+    return (
+        not GPU
+        and not auto
+        and startup == {k: v for k, v in _env(fix, False).items() if k.startswith("PYTHON")}
+    )
 
 
 def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120, argv=()):
@@ -294,10 +369,13 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120, argv=()):
 
     zygote = _the_zygote()
     with tempfile.TemporaryDirectory(prefix="nvrx-ipc-fix-child-") as scratch:
-        files = [(os.path.join(scratch, f"out{i}"), os.path.join(scratch, f"err{i}"))
-                 for i in range(len(codes))]
-        pids = [zygote.start(code, child_env, *paths, argv=argv)
-                for code, paths in zip(codes, files)]
+        files = [
+            (os.path.join(scratch, f"out{i}"), os.path.join(scratch, f"err{i}"))
+            for i in range(len(codes))
+        ]
+        pids = [
+            zygote.start(code, child_env, *paths, argv=argv) for code, paths in zip(codes, files)
+        ]
         deadline, codes_out = time.monotonic() + timeout, []
         for pid in pids:
             rc = _zygote[0].wait(pid, max(0.0, deadline - time.monotonic()))
@@ -316,8 +394,10 @@ def run_codes(codes, *, fix=True, auto=False, env=None, timeout=120, argv=()):
             with open(out) as o, open(err) as e:
                 results.append((rc, o.read(), e.read()))
     if any(rc is None for rc, _, _ in results):
-        pytest.fail(f"a child still running after {timeout} s (backstop watchdog)\n"
-                    + "\n".join(err[-2000:] for _, _, err in results))
+        pytest.fail(
+            f"a child still running after {timeout} s (backstop watchdog)\n"
+            + "\n".join(err[-2000:] for _, _, err in results)
+        )
     return results
 
 
@@ -330,9 +410,13 @@ class Child:
     def __init__(self, code, directory, *, fix=True, env=None):
         self.out, self.err = (os.path.join(directory, name) for name in ("stdout", "stderr"))
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self._proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)],
-                                          stdout=out, stderr=err, env=_env(fix, False, env),
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", textwrap.dedent(code)],
+                stdout=out,
+                stderr=err,
+                env=_env(fix, False, env),
+                start_new_session=True,
+            )
         self.pid = self._proc.pid
 
     def wait(self, timeout):
@@ -343,10 +427,17 @@ class Child:
 
 
 def _run_fresh(codes, *, fix, auto, env, timeout, argv=()):
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *argv],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(fix, auto, env), start_new_session=True)
-             for code in codes]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code), *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(fix, auto, env),
+            start_new_session=True,
+        )
+        for code in codes
+    ]
     results = []
     try:
         for proc in procs:
@@ -362,9 +453,22 @@ def _run_fresh(codes, *, fix, auto, env, timeout, argv=()):
     return results
 
 
-def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, numel=512,
-             env=None, finalize="blocking", no_dist=False, starts=None, impl="nvrx",
-             cached=True):
+def scenario(
+    steps,
+    *,
+    fix=True,
+    auto=False,
+    timeout=60,
+    prelude="",
+    tensors=8,
+    numel=512,
+    env=None,
+    finalize="blocking",
+    no_dist=False,
+    starts=None,
+    impl="nvrx",
+    cached=True,
+):
     """Run the real NVRx worker through ``steps`` (see harness.scenario).
 
     ``prelude`` runs first in the child (to alter NVRx for a test); ``finalize`` and
@@ -380,7 +484,7 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     starts = starts or ("spawn" if auto or GPU else "forkserver")
     code = f"""
         import json, os, shutil, tempfile
-        {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + ' ' * 8)}
+        {textwrap.dedent(prelude).strip().replace(chr(10), chr(10) + " " * 8)}
         from harness import scenario
         d, pid = tempfile.mkdtemp(), os.getpid()
         try:
@@ -393,8 +497,9 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
             if os.getpid() == pid:  # not in fork-exit's child, which leaves through here
                 shutil.rmtree(d, ignore_errors=True)
     """
-    rc, out, err = run_code(code, fix=fix, auto=auto, env=env,
-                            timeout=timeout * 2 + 30 * len(steps))
+    rc, out, err = run_code(
+        code, fix=fix, auto=auto, env=env, timeout=timeout * 2 + 30 * len(steps)
+    )
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     report = last_json(out)
     report["cache_miss"] = "Worker cache miss" in err
@@ -402,22 +507,28 @@ def scenario(steps, *, fix=True, auto=False, timeout=60, prelude="", tensors=8, 
     return report
 
 
-def scenario_ranks(steps, directory, *, world_size=2, timeout=60, fix=True, env=None,
-                   flags=(), backstop=400):
+def scenario_ranks(
+    steps, directory, *, world_size=2, timeout=60, fix=True, env=None, flags=(), backstop=400
+):
     """Run ``steps`` (a comma list; ``<step>@<rank>`` runs on that rank only) on
     ``world_size`` gloo ranks at once, meeting in ``directory``, with ``flags`` of ``python
     -m harness.scenario`` (default ``--starts forkserver``), as children of the
     zygote where they can be (``run_codes``); returns each rank's report. A rank still
     running after ``backstop`` seconds is killed with its workers and fails the test."""
-    flags = list(flags) if "--starts" in flags else [
-        "--starts", "spawn" if GPU else "forkserver", *flags]
-    codes = [f"""
+    flags = (
+        list(flags)
+        if "--starts" in flags
+        else ["--starts", "spawn" if GPU else "forkserver", *flags]
+    )
+    codes = []
+    for rank in range(world_size):
+        args = ["--steps", steps, "--rank", str(rank), "--world-size", str(world_size)]
+        args += ["--dir", str(directory), "--timeout", str(timeout), "--numel", "512", *flags]
+        codes.append(f"""
         import sys
         from harness.scenario import main
-        sys.exit(main({["--steps", steps, "--rank", str(rank), "--world-size", str(world_size),
-                        "--dir", str(directory), "--timeout", str(timeout), "--numel", "512",
-                        *flags]!r}))
-    """ for rank in range(world_size)]
+        sys.exit(main({args!r}))
+    """)
     reports = []
     for rc, out, err in run_codes(codes, fix=fix, env=env, timeout=backstop):
         assert rc == 0, err[-3000:]
@@ -439,8 +550,9 @@ def pytest_sessionstart(session):
     imports overlap the collection, and are waited for once it ends (the session's set-up,
     not the first test's that needs it)."""
     config = session.config
-    if not GPU and (hasattr(config, "workerinput") or not getattr(config.option, "numprocesses",
-                                                                    None)):
+    if not GPU and (
+        hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
+    ):
         _zygote.append(Zygote())
 
 
@@ -478,14 +590,20 @@ def pytest_terminal_summary(terminalreporter):
     worker's own would count its share)."""
     if hasattr(terminalreporter.config, "workerinput"):
         return
-    counts = ", ".join(f"{len(terminalreporter.stats.get(key, []))} {key}"
-                       for key in ("passed", "failed", "error", "skipped")
-                       if terminalreporter.stats.get(key))
+    counts = ", ".join(
+        f"{len(terminalreporter.stats.get(key, []))} {key}"
+        for key in ("passed", "failed", "error", "skipped")
+        if terminalreporter.stats.get(key)
+    )
     total = sum(_durations.values())
-    lines = [f"tests: {counts or 'none run'} in {total:.0f} s of test time",
-             f"slowest {SLOWEST} (seconds, setup and teardown included):"]
-    lines += [f"{seconds:8.1f}  {test}" for test, seconds in
-              sorted(_durations.items(), key=lambda item: -item[1])[:SLOWEST]]
+    lines = [
+        f"tests: {counts or 'none run'} in {total:.0f} s of test time",
+        f"slowest {SLOWEST} (seconds, setup and teardown included):",
+    ]
+    lines += [
+        f"{seconds:8.1f}  {test}"
+        for test, seconds in sorted(_durations.items(), key=lambda item: -item[1])[:SLOWEST]
+    ]
     lines.append(f"{total:8.1f}  all {len(_durations)} tests")
     terminalreporter.write_sep("=", "test times")
     for line in lines:

@@ -96,9 +96,15 @@ class Model(torch.nn.Module):
         self.on_host = False  # a sync save: the trainer writes, from the same storage
 
     def sharded_state_dict(self):
-        return {f"layer{i}.weight": ShardedTensor.from_rank_offsets(  # this rank's shard
-            f"layer{i}.weight", t.as_subclass(torch.Tensor) if self.on_host else t,
-            (0, self.rank, self.world_size), replica_id=0) for i, t in enumerate(self.tensors)}
+        return {
+            f"layer{i}.weight": ShardedTensor.from_rank_offsets(  # this rank's shard
+                f"layer{i}.weight",
+                t.as_subclass(torch.Tensor) if self.on_host else t,
+                (0, self.rank, self.world_size),
+                replica_id=0,
+            )
+            for i, t in enumerate(self.tensors)
+        }
 
     def load_state_dict(self, state_dict, strict=True):
         self.loaded = {k: v.as_subclass(torch.Tensor).clone() for k, v in state_dict.items()}
@@ -112,10 +118,15 @@ class Run:
     def __init__(self, directory, rank=0, world_size=1):
         self.directory, self.rank, self.world_size = directory, rank, world_size
         self.config = types.SimpleNamespace(
-            tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
-            expert_model_parallel_size=1, expert_tensor_parallel_size=1,
-            context_parallel_size=1, async_dist_ckpt_save=True,
-            async_save_prestage_to_cpu=False, dist_ckpt_optim_fully_reshardable=False)
+            tensor_model_parallel_size=1,
+            pipeline_model_parallel_size=1,
+            expert_model_parallel_size=1,
+            expert_tensor_parallel_size=1,
+            context_parallel_size=1,
+            async_dist_ckpt_save=True,
+            async_save_prestage_to_cpu=False,
+            dist_ckpt_optim_fully_reshardable=False,
+        )
         self.strategy = ms.MegatronStrategy(self.config)
         self.strategy.setup_distributed()
         self.strategy.hf_config = types.SimpleNamespace(save_pretrained=lambda path: None)
@@ -133,19 +144,28 @@ class Run:
             for i, t in enumerate(self.model.tensors):
                 t.fill_(expected(self.version, i, self.rank))
         path = os.path.join(self.directory, f"global_step_{self.version}")
-        self.saves.append({"version": self.version, "path": path, "mode": mode,
-                           "stale": None, "lost": False,
-                           "worker_before": getattr(self.worker(), "pid", None)})
+        self.saves.append(
+            {
+                "version": self.version,
+                "path": path,
+                "mode": mode,
+                "stale": None,
+                "lost": False,
+                "worker_before": getattr(self.worker(), "pid", None),
+            }
+        )
         self.config.async_dist_ckpt_save = mode != "sync"
         self.model.on_host = mode == "sync"  # fakecuda: only NVRx's worker may see "cuda"
         queue = ms._async_calls
         if mode == "async-kill":  # the worker dies while it writes this save
             original = type(queue).schedule_async_request
             queue.schedule_async_request = lambda request: original(
-                queue, request._replace(async_fn=faults.kill_self))
+                queue, request._replace(async_fn=faults.kill_self)
+            )
         try:
-            self.strategy.save_checkpoint(types.SimpleNamespace(actor_module=[self.model]),
-                                          path, node_local_rank=self.rank)
+            self.strategy.save_checkpoint(
+                types.SimpleNamespace(actor_module=[self.model]), path, node_local_rank=self.rank
+            )
         except BaseException:
             self.saves[-1]["lost"] = True  # this save did not happen: nothing to load
             raise
@@ -172,13 +192,18 @@ class Run:
                 continue
             fresh = Model(device=False, rank=self.rank, world_size=self.world_size)
             save["stale"] = N_TENSORS  # unless it loads
-            self.strategy.load_checkpoint(types.SimpleNamespace(actor_module=[fresh]),
-                                          save["path"], load_optimizer_states=False,
-                                          load_lr_scheduler_states=False)
+            self.strategy.load_checkpoint(
+                types.SimpleNamespace(actor_module=[fresh]),
+                save["path"],
+                load_optimizer_states=False,
+                load_lr_scheduler_states=False,
+            )
             save["stale"] = sum(
-                not torch.all(fresh.loaded[f"layer{i}.weight"]
-                              == expected(save["version"], i, self.rank))
-                for i in range(N_TENSORS))
+                not torch.all(
+                    fresh.loaded[f"layer{i}.weight"] == expected(save["version"], i, self.rank)
+                )
+                for i in range(N_TENSORS)
+            )
 
     def kill_idle(self):
         worker = self.worker()
@@ -268,17 +293,22 @@ class Watchdog(driver.Watchdog):
         with self.lock:
             if scenario.HUNG.is_set():
                 return
-            self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
-                                   "worker_died": died, "stranded": stranded,
-                                   "waiting_in": waiting_in()}
+            self.report["hang"] = {
+                "step": step,
+                "after_s": round(now - self.started, 1),
+                "worker_died": died,
+                "stranded": stranded,
+                "waiting_in": waiting_in(),
+            }
             self.report["fix"] = driver.fix_states()
             scenario.HUNG.set()
             print(json.dumps(self.report), flush=True)
             self.ended("hung")
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline and not all(
-                os.path.exists(self.mark("hung", r)) or os.path.exists(self.mark("ended", r))
-                for r in self.others):
+            os.path.exists(self.mark("hung", r)) or os.path.exists(self.mark("ended", r))
+            for r in self.others
+        ):
             time.sleep(0.2)
         self.exit()
 
@@ -299,18 +329,33 @@ def main(argv):
     # main module); the start is not what these tests are about
     scenario.start_workers_from_forkserver(sys.modules[ms.AsyncCallsQueue.__module__])
     ms.AsyncCallsQueue = CpuQueue  # before MegatronStrategy makes its first queue
-    dist.init_process_group("gloo", rank=rank, world_size=args.world_size,
-                            init_method=f"file://{directory}/pg")
-    report = {"steps": steps, "rank": rank, "errors": [], "hang": None,
-              "fix": driver.fix_states(), "package": nvrx_ipc_fix.__file__,
-              "started_s": round(time.monotonic() - STARTED, 2), "step_s": [], "workers": []}
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=args.world_size, init_method=f"file://{directory}/pg"
+    )
+    report = {
+        "steps": steps,
+        "rank": rank,
+        "errors": [],
+        "hang": None,
+        "fix": driver.fix_states(),
+        "package": nvrx_ipc_fix.__file__,
+        "started_s": round(time.monotonic() - STARTED, 2),
+        "step_s": [],
+        "workers": [],
+    }
     run = Run(directory, rank, args.world_size)
     watchdog = Watchdog(run, report, args.timeout, directory, rank, args.world_size)
-    actions = {"async": lambda: run.save("async"), "async-kill": lambda: run.save("async-kill"),
-               "sync": lambda: run.save("sync"), "kill-idle": run.kill_idle,
-               "finalize": run.strategy.finalize_pending_saves, "load": run.load,
-               "workers": lambda: report["workers"].append(
-                   [(p.pid, p.name) for p in multiprocessing.active_children()])}
+    actions = {
+        "async": lambda: run.save("async"),
+        "async-kill": lambda: run.save("async-kill"),
+        "sync": lambda: run.save("sync"),
+        "kill-idle": run.kill_idle,
+        "finalize": run.strategy.finalize_pending_saves,
+        "load": run.load,
+        "workers": lambda: report["workers"].append(
+            [(p.pid, p.name) for p in multiprocessing.active_children()]
+        ),
+    }
     for index, step in enumerate(steps):
         step, _, only = step.partition("@")  # kill-idle@R, async-kill@R: rank R's worker only
         if only and int(only) != rank:
@@ -325,8 +370,13 @@ def main(argv):
         except BaseException as exc:  # noqa: BLE001 torch's CheckpointException is a BaseException
             if scenario.HUNG.is_set():  # reported; a peer's exit broke the collective
                 threading.Event().wait()  # the watchdog ends the process
-            report["errors"].append({"step": index, "type": type(exc).__name__,
-                                     "message": str(exc).splitlines()[0][:300]})
+            report["errors"].append(
+                {
+                    "step": index,
+                    "type": type(exc).__name__,
+                    "message": str(exc).splitlines()[0][:300],
+                }
+            )
             run.lost(exc)
         watchdog.end()
         report["step_s"].append(round(time.monotonic() - watchdog.started, 2))

@@ -23,8 +23,15 @@ STAND_INS = {
     # heavy (tokenizers, hub client); SkyRL takes config and tokenizer classes from it for
     # annotations and for helpers that no save or load calls (strategy.py:11,
     # megatron_strategy.py:29, skyrl/utils/tok.py)
-    "transformers": ("AutoConfig", "AutoProcessor", "AutoTokenizer", "GenerationConfig",
-                     "PreTrainedTokenizer", "PreTrainedTokenizerFast", "PretrainedConfig"),
+    "transformers": (
+        "AutoConfig",
+        "AutoProcessor",
+        "AutoTokenizer",
+        "GenerationConfig",
+        "PreTrainedTokenizer",
+        "PreTrainedTokenizerFast",
+        "PretrainedConfig",
+    ),
     # the Tinker API backend, imported by skyrl/backends/__init__.py:3: its pydantic models
     # need Python 3.12 (skyrl/tinker/types.py:137 uses typing.TypedDict; this machine has
     # 3.11 because PyPI has no CPU torch for 3.12)
@@ -33,8 +40,7 @@ STAND_INS = {
     # (the megatron env has 0.17.1: tests/doubles/README.md); megatron_strategy.py uses
     # MegatronModelWrapper only in annotations (the model the tests pass has the `actor_module`
     # list it reads)
-    "skyrl.backends.skyrl_train.workers.megatron.megatron_model_wrapper": (
-        "MegatronModelWrapper",),
+    "skyrl.backends.skyrl_train.workers.megatron.megatron_model_wrapper": ("MegatronModelWrapper",),
 }
 
 
@@ -42,8 +48,11 @@ BRIDGE_STAND_INS = {
     # NVIDIA Model Optimizer (quantization and distillation for NVIDIA GPUs):
     # megatron/bridge/training/checkpointing.py:56 takes its state savers, called only when a
     # model carries modelopt state
-    "modelopt.torch.opt.plugins": ("restore_modelopt_state", "save_modelopt_state",
-                                   "save_sharded_modelopt_state"),
+    "modelopt.torch.opt.plugins": (
+        "restore_modelopt_state",
+        "save_modelopt_state",
+        "save_sharded_modelopt_state",
+    ),
     # Transformer Engine (CUDA kernels): megatron/bridge/peft/lora_layers.py:20 imports it
     # unconditionally and names te.ops.Sequential in annotations (:111); no LoRA layer is built
     "transformer_engine.pytorch": ("GroupedLinear",),
@@ -70,8 +79,11 @@ def _module(name):
     module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
     sys.modules[name] = module
     parent, _, child = name.rpartition(".")
-    if parent and parent not in sys.modules and importlib.util.find_spec(
-            name.partition(".")[0]) is None:
+    if (
+        parent
+        and parent not in sys.modules
+        and importlib.util.find_spec(name.partition(".")[0]) is None
+    ):
         _module(parent)
     if parent in _MADE:
         setattr(sys.modules[parent], child, module)

@@ -65,9 +65,20 @@ NEMO = f"""
         "bridge_finalize": _bridge_finalize,
     }})
 """
-OFFLOADS = ["save", "save", "offload_before_refit", "probe", "save",
-            "prepare_for_lp_inference", "probe", "save", "finish_training", "probe", "save",
-            "prepare_for_training"]
+OFFLOADS = [
+    "save",
+    "save",
+    "offload_before_refit",
+    "probe",
+    "save",
+    "prepare_for_lp_inference",
+    "probe",
+    "save",
+    "finish_training",
+    "probe",
+    "save",
+    "prepare_for_training",
+]
 
 
 def keys_per_probe(report):
@@ -89,8 +100,9 @@ def test_each_offload_point_releases_first_and_keeps_the_worker_with_flush():
 
 
 def test_a_build_with_nemo_rl_pr_3322_is_not_released_twice():
-    report = scenario(["save", "save", "offload_after_refit+colocated", "save", "save"],
-                      prelude=NEMO)
+    report = scenario(
+        ["save", "save", "offload_after_refit+colocated", "save", "save"], prelude=NEMO
+    )
     assert report["releases_total"] == 0  # NeMo RL terminated the worker itself
     assert report["cleanups"] >= 1
     assert report["hang"] is None and [s["stale"] for s in report["saves"]] == [0] * 4
@@ -102,17 +114,21 @@ def test_policy_never_leaves_offloads_alone():
 
 
 def test_policy_finalize_releases_after_a_blocking_finalize():
-    report = scenario(["save", "save", "bridge_finalize", "probe", "replace", "save"],
-                      prelude=NEMO, env={"NVRX_IPC_FIX_RELEASE": "finalize"})
+    report = scenario(
+        ["save", "save", "bridge_finalize", "probe", "replace", "save"],
+        prelude=NEMO,
+        env={"NVRX_IPC_FIX_RELEASE": "finalize"},
+    )
     assert keys_per_probe(report) == [0] and report["releases_total"] == 1
     assert [s["stale"] for s in report["saves"]] == [0] * 3
 
 
 def test_the_kill_switch_of_release_on_offload_stops_the_finalize_release_too():
-    report = scenario(["save", "save", "bridge_finalize", "probe", "replace", "save"],
-                      prelude=NEMO,
-                      env={"NVRX_IPC_FIX_RELEASE": "finalize",
-                           "NVRX_IPC_FIX_DISABLE": "release_on_offload"})
+    report = scenario(
+        ["save", "save", "bridge_finalize", "probe", "replace", "save"],
+        prelude=NEMO,
+        env={"NVRX_IPC_FIX_RELEASE": "finalize", "NVRX_IPC_FIX_DISABLE": "release_on_offload"},
+    )
     assert keys_per_probe(report) == [1] and report["releases_total"] == 0
     assert [s["stale"] for s in report["saves"]] == [0] * 3  # clear_on_close, stale_guard: on
 
@@ -128,15 +144,31 @@ def test_status_shows_the_policy():
     """
     assert run_python(code)[0] == "active"
     assert run_python(code, env={"NVRX_IPC_FIX_RELEASE": "never"}) == [
-        "disabled", "NVRX_IPC_FIX_RELEASE=never"]
+        "disabled",
+        "NVRX_IPC_FIX_RELEASE=never",
+    ]
 
 
 # restart: the optimizer offload for log-prob inference flushes (the model comes back); the
 # refit offload terminates; the onload points start the next worker, the save takes it.
-RESTART = ["save", "save", "prepare_for_lp_inference", "probe",
-           "offload_before_refit", "measure",
-           "prepare_for_lp_inference", "ready", "prepare_for_training", "save", "probe",
-           "finish_training", "measure", "value_prepare_for_training", "ready", "save"]
+RESTART = [
+    "save",
+    "save",
+    "prepare_for_lp_inference",
+    "probe",
+    "offload_before_refit",
+    "measure",
+    "prepare_for_lp_inference",
+    "ready",
+    "prepare_for_training",
+    "save",
+    "probe",
+    "finish_training",
+    "measure",
+    "value_prepare_for_training",
+    "ready",
+    "save",
+]
 
 
 def test_restart_at_nemo_rl_s_offload_and_onload_points_by_default():
@@ -173,8 +205,11 @@ CLOSE_RAISES = """
 def test_an_nvrx_error_in_the_release_s_close_reaches_the_offload_s_caller():
     """Not the package's defect: the offload does its work, then raises NVRx's error, once;
     the next save loads."""
-    report = scenario(["save", "save", "offload_before_refit?", "prepare_for_training", "save"],
-                      prelude=NEMO + CLOSE_RAISES, env={"NVRX_IPC_FIX_STRATEGY": "restart"})
+    report = scenario(
+        ["save", "save", "offload_before_refit?", "prepare_for_training", "save"],
+        prelude=NEMO + CLOSE_RAISES,
+        env={"NVRX_IPC_FIX_STRATEGY": "restart"},
+    )
     assert report["hang"] is None, report["stderr"]
     (call,) = report["calls"]
     assert call["error"] is not None, report["stderr"]  # without the hold: a warning only

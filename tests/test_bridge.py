@@ -21,8 +21,12 @@ try:
 except metadata.PackageNotFoundError:
     BRIDGE = None
 
-pytestmark = [needs_cache, pytest.mark.skipif(
-    BRIDGE is None, reason="megatron-bridge is installed only in the bridge tox env (tox.ini)")]
+pytestmark = [
+    needs_cache,
+    pytest.mark.skipif(
+        BRIDGE is None, reason="megatron-bridge is installed only in the bridge tox env (tox.ini)"
+    ),
+]
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SETUP = f"""sys.path.insert(0, {TESTS!r}); import stand_ins; stand_ins.install_for_bridge()"""
@@ -66,8 +70,12 @@ def test_a_terminate_that_finalizes_a_failed_save_raises_it_after_closing():
 
 @pytest.mark.parametrize("late", [False, True], ids=["activated-first", "activated-late"])
 def test_names_bound_by_from_import_see_the_wrapper(late):
-    result = run_python(ALIASES.format(
-        setup=SETUP, module="megatron.bridge.training.checkpointing",
-        importer="megatron.bridge.models.megatron_mimo.conversion.mimo_model_io",
-        late="nvrx_ipc_fix.deactivate()" if late else ""))
+    result = run_python(
+        ALIASES.format(
+            setup=SETUP,
+            module="megatron.bridge.training.checkpointing",
+            importer="megatron.bridge.models.megatron_mimo.conversion.mimo_model_io",
+            late="nvrx_ipc_fix.deactivate()" if late else "",
+        )
+    )
     assert result == {"seen": [not late, True, False], "same_signature": True}

@@ -106,7 +106,9 @@ SAVES = """
                 if not torch.all(t == value(version, i)).item()]
 """
 
-ONE_SAVE = SAVES + """
+ONE_SAVE = (
+    SAVES
+    + """
     state = state_of(options["count"])
     out = []
     for version in (1, 2, 3):  # a fresh save each time, the step right after its schedule
@@ -119,8 +121,11 @@ ONE_SAVE = SAVES + """
     print(json.dumps({"wrong": out, "state": str(fix.state), "reason": fix.reason,
                       "warnings": [w for w in caught if w]}))
 """
+)
 
-LOOP = SAVES + """
+LOOP = (
+    SAVES
+    + """
     state = state_of(options["count"])
     saved = []
     for version in range(1, 6):  # save, step, save, step, ...; finalized at the end
@@ -132,13 +137,15 @@ LOOP = SAVES + """
     print(json.dumps({"wrong": [wrong(state, path, version) for path, version in saved]}))
     queue.close()
 """
+)
 
 
 def saves(code, fix, env=None, **options):
     if not fix:
         env = {"NVRX_IPC_FIX_DISABLE": "1"}
-    return run_python(code.replace("sys.argv[1]", repr(json.dumps(options))), fix=fix, env=env,
-                      timeout=240)
+    return run_python(
+        code.replace("sys.argv[1]", repr(json.dumps(options))), fix=fix, env=env, timeout=240
+    )
 
 
 def torn(report):
@@ -151,8 +158,9 @@ MODES = ["plain", "cached", "shm"]
 
 def _mode(mode):
     if mode != "plain" and not EXPECT.get(NVRX, {}).get("cache"):
-        return pytest.param(mode, marks=pytest.mark.skip(reason=f"NVRx {NVRX}'s writer has no "
-                                                         f"{mode} mode"))
+        return pytest.param(
+            mode, marks=pytest.mark.skip(reason=f"NVRx {NVRX}'s writer has no {mode} mode")
+        )
     return mode
 
 
@@ -220,8 +228,9 @@ def test_a_queue_that_forks_a_process_per_save(fix, shared):
     assert torn(report) == (3 if shared and not (fix or UPSTREAM) else 0), report
 
 
-needs_mcore = pytest.mark.skipif(MCORE is None, reason="megatron-core is not installed here "
-                                 "(the py311-megatron env has it)")
+needs_mcore = pytest.mark.skipif(
+    MCORE is None, reason="megatron-core is not installed here (the py311-megatron env has it)"
+)
 
 
 @needs_mcore
@@ -347,9 +356,17 @@ def test_which_tensors_the_fix_copies():
     empty tensor is left as it is: nothing in it can change."""
     out = run_python(CALLS, timeout=180)
     copied = NVRX_COPY if UPSTREAM else COPIED
-    expected = {"cpu": copied, "device": DEVICE, "empty": DEVICE, "flags": copied,
-                "ints": copied, "param": copied, "step": copied, "transposed": copied,
-                "view": NVRX_COPY}
+    expected = {
+        "cpu": copied,
+        "device": DEVICE,
+        "empty": DEVICE,
+        "flags": copied,
+        "ints": copied,
+        "param": copied,
+        "step": copied,
+        "transposed": copied,
+        "view": NVRX_COPY,
+    }
     for mode in ("plain", "cached", "shm"):
         if mode in out:
             sent, planner_untouched = out.pop(mode)
@@ -358,5 +375,9 @@ def test_which_tensors_the_fix_copies():
             assert planner_untouched, mode
     sent, _ = out.pop("frozen")  # (0.7.0's copies too, called by hand: there the fix is off)
     assert sent == dict({fqn: COPIED for fqn in expected}, device=DEVICE, empty=DEVICE), sent
-    assert out == {"raised": ["resolve failed", True], "own_kept": True, "thread": True,
-                   "calls": [1]}, out
+    assert out == {
+        "raised": ["resolve failed", True],
+        "own_kept": True,
+        "thread": True,
+        "calls": [1],
+    }, out

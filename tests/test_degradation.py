@@ -23,8 +23,14 @@ pytestmark = needs_cache
 CORE = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 DONE = "PersistentAsyncCaller.is_current_async_call_done"
 SYNC = "AsyncCaller.sync_all_async_calls"
-WATCHED = ("AsyncCallsQueue.schedule_async_request", "AsyncCallsQueue.maybe_finalize_async_calls",
-           DONE, SYNC, "PersistentAsyncCaller.close", "PersistentAsyncCaller.async_process_target")
+WATCHED = (
+    "AsyncCallsQueue.schedule_async_request",
+    "AsyncCallsQueue.maybe_finalize_async_calls",
+    DONE,
+    SYNC,
+    "PersistentAsyncCaller.close",
+    "PersistentAsyncCaller.async_process_target",
+)
 
 
 def nvrx_copy(root, version=None, rename=False, replace=None):
@@ -33,27 +39,38 @@ def nvrx_copy(root, version=None, rename=False, replace=None):
     everywhere (its definitions and every call), so that NVRx itself still works;
     ``replace``: ``(old, new)``, a text of its ``core.py`` (found once) changed."""
     package = Path(find_spec("nvidia_resiliency_ext").submodule_search_locations[0])
-    info = next(f for f in metadata.distribution("nvidia-resiliency-ext").files
-                if f.name == "METADATA").locate().parent
+    info = (
+        next(
+            f for f in metadata.distribution("nvidia-resiliency-ext").files if f.name == "METADATA"
+        )
+        .locate()
+        .parent
+    )
     shutil.copytree(package, root / package.name)  # with its byte code: it stays valid
     shutil.copytree(info, root / info.name)
     if version:
         meta = root / info.name / "METADATA"
-        meta.write_text("".join(f"Version: {version}\n" if line.startswith("Version:") else line
-                                for line in meta.read_text().splitlines(keepends=True)))
+        meta.write_text(
+            "".join(
+                f"Version: {version}\n" if line.startswith("Version:") else line
+                for line in meta.read_text().splitlines(keepends=True)
+            )
+        )
     if rename:
         for path in (root / package.name).rglob("*.py"):
             text = path.read_text()
             if "is_current_async_call_done" in text:
-                path.write_text(text.replace("is_current_async_call_done",
-                                             "is_current_async_call_finished"))
+                path.write_text(
+                    text.replace("is_current_async_call_done", "is_current_async_call_finished")
+                )
     if replace:
         core = root / package.name / "checkpointing" / "async_ckpt" / "core.py"
         text = core.read_text()
         assert text.count(replace[0]) == 1, replace[0]
         core.write_text(text.replace(*replace))
-    return {"PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH"))
-                                          if p)}
+    return {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +86,10 @@ def renamed(tmp_path_factory):
 #: NVRx's finalize collective (``sync_all_async_calls``) in another shape than the one the
 #: watch's failure flag rides on: the maximum over ranks, not the sum.
 SUM = "torch.distributed.all_reduce(ten)\n        return ten[0] == 0"
-MAX = ("torch.distributed.all_reduce(ten, op=torch.distributed.ReduceOp.MAX)\n"
-       "        return ten[0] == 0")
+MAX = (
+    "torch.distributed.all_reduce(ten, op=torch.distributed.ReduceOp.MAX)\n"
+    "        return ten[0] == 0"
+)
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +137,10 @@ def fixes(seen):
 def test_a_newer_nvrx_is_untested_once_and_in_status_and_doctor(newer):
     seen, err = child(newer)
     nvrx = metadata.version("nvidia-resiliency-ext")
-    warning = (f"<string>:{IMPORT_LINE}: RuntimeWarning: nvrx_ipc_fix: nvidia-resiliency-ext "
-               f"0.9.0 is untested")
+    warning = (
+        f"<string>:{IMPORT_LINE}: RuntimeWarning: nvrx_ipc_fix: nvidia-resiliency-ext "
+        f"0.9.0 is untested"
+    )
     assert err.count(warning) == 1 and err.count("is untested") == 1, err
     assert "newest tested: 0.7.0" in err and "python -m nvrx_ipc_fix" in err, err
     assert "active so far: worker_watch, clear_on_close, prewarm" in err, err
@@ -133,11 +154,13 @@ def test_a_newer_nvrx_is_untested_once_and_in_status_and_doctor(newer):
         "AsyncCallsQueue.maybe_finalize_async_calls": ["worker_watch"],
         SYNC: ["worker_watch"],
         "PersistentAsyncCaller.close": ["suspend", "clear_on_close", "worker_watch"],
-        "PersistentAsyncCaller.async_process_target": ["worker_watch"]}, seen["steps"]
+        "PersistentAsyncCaller.async_process_target": ["worker_watch"],
+    }, seen["steps"]
     assert fixes(seen)["stale_guard"][0] == ("fixed_upstream" if nvrx == "0.7.0" else "active")
     nvrx_lines = [line for line in seen["doctor"] if line[6:].startswith("NVRx: ")]
-    assert len(nvrx_lines) == 1 and nvrx_lines[0].startswith("warn  NVRx: 0.9.0: untested"), \
-        seen["doctor"]
+    assert len(nvrx_lines) == 1 and nvrx_lines[0].startswith("warn  NVRx: 0.9.0: untested"), seen[
+        "doctor"
+    ]
     assert "has the IPC tensor cache" not in nvrx_lines[0]
 
 
@@ -157,19 +180,25 @@ def test_a_renamed_method_drops_the_whole_watch_and_says_so(renamed):
     assert f"{CORE}:{DONE}" in err or DONE in err, err
     state, reason = fixes(seen)["worker_watch"]
     assert state == "unsupported" and DONE in reason and "not found" in reason, reason
-    targets = {t["target"]: t["state"] for t in seen["status"]["targets"]
-               if t["fix"] == "worker_watch"}
+    targets = {
+        t["target"]: t["state"] for t in seen["status"]["targets"] if t["fix"] == "worker_watch"
+    }
     assert {targets[f"{CORE}:{a}"] for a in WATCHED} == {"unsupported"}, targets
     assert seen["watch_installed"] == []
     # only the other fixes' wrappers: clear_on_close's and suspend's close, prewarm's and
     # suspend's schedule
-    assert seen["steps"] == {"AsyncCallsQueue.schedule_async_request": ["suspend", "prewarm"],
-                             "AsyncCallsQueue.maybe_finalize_async_calls": [], SYNC: [],
-                             "PersistentAsyncCaller.close": ["suspend", "clear_on_close"],
-                             "PersistentAsyncCaller.async_process_target": []}, seen["steps"]
+    assert seen["steps"] == {
+        "AsyncCallsQueue.schedule_async_request": ["suspend", "prewarm"],
+        "AsyncCallsQueue.maybe_finalize_async_calls": [],
+        SYNC: [],
+        "PersistentAsyncCaller.close": ["suspend", "clear_on_close"],
+        "PersistentAsyncCaller.async_process_target": [],
+    }, seen["steps"]
     assert fixes(seen)["clear_on_close"][0] == fixes(seen)["prewarm"][0] == "active"
-    assert any(line.startswith("warn  fix worker_watch: unsupported: ") and DONE in line
-               for line in seen["doctor"]), seen["doctor"]
+    assert any(
+        line.startswith("warn  fix worker_watch: unsupported: ") and DONE in line
+        for line in seen["doctor"]
+    ), seen["doctor"]
 
 
 @pytest.mark.worker
@@ -212,7 +241,9 @@ def test_warnings_made_errors_break_nothing(renamed):
     """``-W error::RuntimeWarning``: the warning of a post-import hook and of a wrapper's
     failure is written to stderr instead of raised; NVRx's import and call go on, and the
     fixes that apply are installed."""
-    code = CHILD.replace("lines = []", """
+    code = CHILD.replace(
+        "lines = []",
+        """
 from nvrx_ipc_fix.fixes import clear_on_close
 def boom(*a, **k):
     raise RuntimeError("boom")
@@ -226,9 +257,11 @@ caller.queue.put = lambda item: None
 caller.queue.join = lambda: None
 caller.close()  # the wrapper's hook fails; the close goes on
 assert caller.process is None
-lines = []""")
-    rc, out, err = run_process([sys.executable, "-W", "error::RuntimeWarning", "-c", code],
-                               env=renamed)
+lines = []""",
+    )
+    rc, out, err = run_process(
+        [sys.executable, "-W", "error::RuntimeWarning", "-c", code], env=renamed
+    )
     assert rc == 0, err[-3000:]
     seen = last_json(out)
     assert "Traceback" not in err, err
@@ -253,7 +286,8 @@ def test_a_changed_collective_drops_the_whole_watch_and_says_so(other_collective
 
 @pytest.mark.worker
 def test_a_changed_collective_is_seen_alike_on_every_rank_which_still_save(
-        other_collective, tmp_path):
+    other_collective, tmp_path
+):
     reports = scenario_ranks("save,save", tmp_path, env=other_collective)
     for report in reports:
         assert report["hang"] is None, report["stderr"]

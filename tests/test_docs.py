@@ -16,8 +16,11 @@ pytestmark = pytest.mark.once  # the sources and the docs: the same in every env
 
 
 def test_readme_s_layout_line_names_every_subpackage():
-    line = next(paragraph for paragraph in (ROOT / "README.md").read_text().split("\n\n")
-                if paragraph.startswith("Code layout:"))
+    line = next(
+        paragraph
+        for paragraph in (ROOT / "README.md").read_text().split("\n\n")
+        if paragraph.startswith("Code layout:")
+    )
     assert [name for name in SUBPACKAGES if f"`{name}/`" not in line] == []
 
 
@@ -26,10 +29,12 @@ def test_the_architecture_page_names_every_module():
     layout = text.split("## The modules", 1)[1].split("```", 2)[1]
     blocks = dict(re.findall(r"^  (\w+)/ +(.*?)(?=^  \w+/|^src/_|\Z)", layout, re.M | re.S))
     assert sorted(blocks) == SUBPACKAGES
-    missing = [f"{package}/{module.stem}.py" for package in SUBPACKAGES
-               for module in sorted((PACKAGE / package).glob("*.py"))
-               if module.stem != "__init__"
-               and not re.search(rf"\b{module.stem}\b", blocks[package])]
+    missing = [
+        f"{package}/{module.stem}.py"
+        for package in SUBPACKAGES
+        for module in sorted((PACKAGE / package).glob("*.py"))
+        if module.stem != "__init__" and not re.search(rf"\b{module.stem}\b", blocks[package])
+    ]
     assert missing == []
 
 
@@ -40,8 +45,7 @@ def test_the_architecture_page_shows_each_call_s_steps_as_the_table_orders_them(
 
     text = (ROOT / "docs" / "architecture.md").read_text()
     rows = re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \| (\w*) \| (.*?) \|$", text, re.M)
-    assert rows == [(c.module, c.attr, c.region or "", " → ".join(c.order))
-                    for c in CALLS.values()]
+    assert rows == [(c.module, c.attr, c.region or "", " → ".join(c.order)) for c in CALLS.values()]
 
 
 #: The word issue (or issues) and a number: with a space, a "#", a hyphen (a Markdown anchor)
@@ -51,7 +55,9 @@ TRACKER_NUMBER = re.compile(r"(?<![a-z])issues?[\s_-]*#?\d+", re.I)
 #: the rest of its line.
 UPSTREAM_ISSUE = re.compile(
     r"(?:Megatron-LM|Megatron-Bridge|megatron-core|NVRx|nvidia-resiliency-ext|NeMo RL|SkyRL)"
-    r"(?:'s)? $", re.I)
+    r"(?:'s)? $",
+    re.I,
+)
 #: Directories of the worktree that are not the project's (.gitignore's, git's own).
 NOT_OURS = {"__pycache__", "build", "dist"}
 
@@ -59,16 +65,22 @@ NOT_OURS = {"__pycache__", "build", "dist"}
 def _project_files():
     for directory, subdirectories, files in os.walk(ROOT):
         subdirectories[:] = sorted(
-            name for name in subdirectories
-            if name not in NOT_OURS and not name.endswith(".egg-info")
-            and (not name.startswith(".") or name == ".ci"))
+            name
+            for name in subdirectories
+            if name not in NOT_OURS
+            and not name.endswith(".egg-info")
+            and (not name.startswith(".") or name == ".ci")
+        )
         for name in sorted(files):
             yield pathlib.Path(directory, name)
 
 
 def _ours(line):
-    return [match.group() for match in TRACKER_NUMBER.finditer(line)
-            if not UPSTREAM_ISSUE.search(line[:match.start()])]
+    return [
+        match.group()
+        for match in TRACKER_NUMBER.finditer(line)
+        if not UPSTREAM_ISSUE.search(line[: match.start()])
+    ]
 
 
 def test_no_file_names_a_number_of_our_own_tracker():
@@ -88,7 +100,9 @@ def test_the_tracker_check_sees_ours_beside_an_upstream_one():
     """The exclusion is per match: a line that names an upstream project still fails on ours.
     (The samples are built here, so that this file does not hold them.)"""
     word = "issue"
-    line = (f"Megatron-LM {word} 6970 and NVRx's {word} #1 (theirs); {word} 36's rooms, "
-            f"#{word}-35-one-h200, {word.title()}s #12, x2-faults-{word}36 (ours)")
+    line = (
+        f"Megatron-LM {word} 6970 and NVRx's {word} #1 (theirs); {word} 36's rooms, "
+        f"#{word}-35-one-h200, {word.title()}s #12, x2-faults-{word}36 (ours)"
+    )
     assert _ours(line) == [f"{word} 36", f"{word}-35", f"{word.title()}s #12", f"{word}36"]
     assert _ours(f"github.com/NVIDIA/Megatron-LM/{word}s/6970") == []

@@ -13,8 +13,19 @@ from importlib.util import find_spec
 
 import pytest
 
-from conftest import (EXPECT, NVRX, expect, lacks, last_json, needs_cache, needs_nvrx,
-                      needs_warmup, pth_installed, run_process, run_python)
+from conftest import (
+    EXPECT,
+    NVRX,
+    expect,
+    lacks,
+    last_json,
+    needs_cache,
+    needs_nvrx,
+    needs_warmup,
+    pth_installed,
+    run_process,
+    run_python,
+)
 
 NAN, INF = "nan", "inf"
 
@@ -28,8 +39,7 @@ ENV_CASES = [
     ("NVRX_IPC_FIX_DISABLE", "1", "off", False),
     ("NVRX_IPC_FIX_DISABLE", " TRUE", "off", False),
     ("NVRX_IPC_FIX_DISABLE", "stale_guard", "on: stale_guard", False),
-    ("NVRX_IPC_FIX_DISABLE", "WORKER_WATCH , Stale_Guard", "on: stale_guard,worker_watch",
-     False),
+    ("NVRX_IPC_FIX_DISABLE", "WORKER_WATCH , Stale_Guard", "on: stale_guard,worker_watch", False),
     ("NVRX_IPC_FIX_DISABLE", "stale_gaurd", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "stale_guard,bogus", "off", True),
     ("NVRX_IPC_FIX_DISABLE", "STALE_GUARD", "on: stale_guard", False),
@@ -163,10 +173,17 @@ def test_every_environment_variable_at_its_edges():
 
 @pytest.mark.parametrize("value", ["stale_gaurd", "2", ",", "stale_guard,,"])
 def test_a_kill_switch_it_does_not_understand_turns_the_package_off(value):
-    rc, out, err = run_process([sys.executable, "-c", (
-        "import json, nvrx_ipc_fix; s = nvrx_ipc_fix.activate();"
-        "print(json.dumps([s.activated, sorted({str(f.state) for f in s.fixes})]))")],
-        env={"NVRX_IPC_FIX_DISABLE": value})
+    rc, out, err = run_process(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import json, nvrx_ipc_fix; s = nvrx_ipc_fix.activate();"
+                "print(json.dumps([s.activated, sorted({str(f.state) for f in s.fixes})]))"
+            ),
+        ],
+        env={"NVRX_IPC_FIX_DISABLE": value},
+    )
     assert rc == 0, err
     assert json.loads(out) == [False, ["disabled"]]
     assert err.count("the whole package is off") == 1
@@ -200,15 +217,24 @@ BAD_ARGUMENTS = """
 
 def test_release_rejects_bad_arguments_naming_what_is_allowed():
     seen = run_python(BAD_ARGUMENTS)
-    for label in ("timeout=0", "timeout=-1", "timeout=nan", "timeout=-inf", "timeout='5'",
-                  "timeout=True"):
-        assert seen[label].startswith("ValueError: timeout must be a number of seconds > 0 "
-                                      "(inf: no limit)"), seen[label]
+    for label in (
+        "timeout=0",
+        "timeout=-1",
+        "timeout=nan",
+        "timeout=-inf",
+        "timeout='5'",
+        "timeout=True",
+    ):
+        assert seen[label].startswith(
+            "ValueError: timeout must be a number of seconds > 0 (inf: no limit)"
+        ), seen[label]
     for label in ("strategy=''", "strategy='kill'", "strategy=3"):
-        assert seen[label].startswith("ValueError: strategy must be one of flush, terminate, "
-                                      "restart")
-    assert seen["queue=object()"] == ("TypeError: queue must be an NVRx AsyncCallsQueue or "
-                                      "None, not object")
+        assert seen[label].startswith(
+            "ValueError: strategy must be one of flush, terminate, restart"
+        )
+    assert seen["queue=object()"] == (
+        "TypeError: queue must be an NVRx AsyncCallsQueue or None, not object"
+    )
     assert seen["timeout=inf"] == seen["timeout=1e308"] == seen["timeout=10**400"] == "flush"
     assert seen["strategy=' FLUSH '"] == "flush"
 
@@ -277,9 +303,15 @@ INTERRUPTED = """
 @pytest.mark.worker
 def test_release_interrupted_at_each_step_leaves_the_next_save_correct():
     seen = run_python(INTERRUPTED, timeout=400)
-    for label in ("finalizing pending saves", "forgetting the keys", "sending the request",
-                  "waiting for the answer", "cleaning up after it", "after timeout=inf",
-                  "after another thread's release"):
+    for label in (
+        "finalizing pending saves",
+        "forgetting the keys",
+        "sending the request",
+        "waiting for the answer",
+        "cleaning up after it",
+        "after timeout=inf",
+        "after another thread's release",
+    ):
         assert seen[label] == {"stale": 0, "pending": 0}, (label, seen[label])
     assert seen["timeout=inf"] == {"error": None, "kept": True}
     assert seen["from another thread"] == {"kept": True, "error": None}
@@ -310,7 +342,8 @@ SIGTERM_ELSEWHERE = """
         t.close()
 """
 # release() interrupted before its request reached the worker: the worker is aborted.
-ABORTED = SIGTERM_ELSEWHERE.format(abort="""
+ABORTED = SIGTERM_ELSEWHERE.format(
+    abort="""
         def interrupted(*args, **kwargs):
             raise KeyboardInterrupt("injected into put")
 
@@ -320,7 +353,8 @@ ABORTED = SIGTERM_ELSEWHERE.format(abort="""
         except KeyboardInterrupt:
             pass
         finally:
-            del requests.put""")
+            del requests.put"""
+)
 
 
 @needs_cache
@@ -335,15 +369,19 @@ def test_an_aborted_worker_whose_sigterm_reached_another_thread_ends_at_once():
 
 
 # The user's own abort (NeMo RL's and Megatron's abort_nvrx_checkpoint(), close(abort=True)).
-USER_ABORT = SIGTERM_ELSEWHERE.format(abort="""
+USER_ABORT = SIGTERM_ELSEWHERE.format(
+    abort="""
         t.queue.persistent_caller.sigterm_timeout = 12.0  # NVRx's default: 30 s
-        t.queue.close(abort=True)""")
+        t.queue.close(abort=True)"""
+)
 
 
 @needs_cache
 @pytest.mark.worker
-@pytest.mark.skipif(not EXPECT.get(NVRX, {}).get("sigterm"),
-                    reason=lacks("aborts with a SIGKILL (no sigterm_timeout)"))
+@pytest.mark.skipif(
+    not EXPECT.get(NVRX, {}).get("sigterm"),
+    reason=lacks("aborts with a SIGKILL (no sigterm_timeout)"),
+)
 @pytest.mark.parametrize("wake", [True, False], ids=["with-the-wake", "without"])
 def test_the_users_abort_of_a_worker_whose_sigterm_reached_another_thread(wake):
     """NVRx 0.7.0's close(abort=True) waits sigterm_timeout (30 s; 12 s here) for a handler
@@ -361,8 +399,10 @@ def test_the_users_abort_of_a_worker_whose_sigterm_reached_another_thread(wake):
 def test_release_timeout_inf_from_the_environment_then_ordinary_saves():
     from conftest import scenario
 
-    report = scenario(["save", "save", "flush", "save", "replace", "save"],
-                      env={"NVRX_IPC_FIX_RELEASE_TIMEOUT": "inf"})
+    report = scenario(
+        ["save", "save", "flush", "save", "replace", "save"],
+        env={"NVRX_IPC_FIX_RELEASE_TIMEOUT": "inf"},
+    )
     assert report["hang"] is None, report["stderr"]
     assert report["releases"][0]["error"] is None and report["releases"][0]["worker_kept"]
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0, 0]
@@ -411,26 +451,31 @@ def test_public_functions_while_another_thread_imports_nvrx():
     # one wrapper, never stacked: the watch, and where NVRx caches clear_on_close and suspend
     assert seen["close"]["depth"] == 1
     assert seen["close"]["steps"] == ["suspend", "clear_on_close"] * expect("cache") + [
-        "worker_watch"]
+        "worker_watch"
+    ]
     core = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
     assert seen["states"][f"worker_watch {core}:PersistentAsyncCaller.close"] == "active"
 
 
-@pytest.mark.parametrize("directory, code, words", [
-    ("/proc/nvrx-ipc-fix-test", 1, "cannot write"),
-    ("/etc/hostname", 1, "is not a directory"),
-    ("/dev/null", 1, "is not a directory"),
-    ("", 2, "DIR is empty"),
-    ("   ", 2, "DIR is empty"),
-    ("{tmp}/odd dir é\tx", 0, "wrote"),
-    ("{tmp}/a/b/c", 0, "wrote"),  # made
-    ("{tmp}/dir-named-sitecustomize", 1, "Is a directory"),
-])
+@pytest.mark.parametrize(
+    "directory, code, words",
+    [
+        ("/proc/nvrx-ipc-fix-test", 1, "cannot write"),
+        ("/etc/hostname", 1, "is not a directory"),
+        ("/dev/null", 1, "is not a directory"),
+        ("", 2, "DIR is empty"),
+        ("   ", 2, "DIR is empty"),
+        ("{tmp}/odd dir é\tx", 0, "wrote"),
+        ("{tmp}/a/b/c", 0, "wrote"),  # made
+        ("{tmp}/dir-named-sitecustomize", 1, "Is a directory"),
+    ],
+)
 def test_install_sitecustomize_at_odd_paths(tmp_path, directory, code, words):
     (tmp_path / "dir-named-sitecustomize" / "sitecustomize.py").mkdir(parents=True)
     directory = directory.format(tmp=tmp_path)
-    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "install-sitecustomize",
-                                directory])
+    rc, out, err = run_process(
+        [sys.executable, "-m", "nvrx_ipc_fix", "install-sitecustomize", directory]
+    )
     assert rc == code, out + err
     assert words in out + err and "Traceback" not in err
 
@@ -467,19 +512,28 @@ def test_a_warning_names_the_callers_line_not_ours(tmp_path):
     ``import nvrx_ipc_fix``, ``release()``, and a queue whose patched ``__init__`` reads one."""
     script = tmp_path / "train.py"
     script.write_text(WARNS_AT)
-    lines = {line.rsplit("# LINE ", 1)[1]: number
-             for number, line in enumerate(WARNS_AT.splitlines(), 1) if "# LINE " in line}
+    lines = {
+        line.rsplit("# LINE ", 1)[1]: number
+        for number, line in enumerate(WARNS_AT.splitlines(), 1)
+        if "# LINE " in line
+    }
     queue = NVRX is not None and expect("warmup")
-    rc, out, err = run_process([sys.executable, str(script), "queue" if queue else "-"],
-                               env={"NVRX_IPC_FIX_LOG_LEVEL": "loud"})
+    rc, out, err = run_process(
+        [sys.executable, str(script), "queue" if queue else "-"],
+        env={"NVRX_IPC_FIX_LOG_LEVEL": "loud"},
+    )
     assert rc == 0, err
     caught = last_json(out)
-    wanted = {"NVRX_IPC_FIX_LOG_LEVEL": "import", "NVRX_IPC_FIX_STRATEGY": "release",
-              "NVRX_IPC_FIX_RELEASE_TIMEOUT": "release"}
+    wanted = {
+        "NVRX_IPC_FIX_LOG_LEVEL": "import",
+        "NVRX_IPC_FIX_STRATEGY": "release",
+        "NVRX_IPC_FIX_RELEASE_TIMEOUT": "release",
+    }
     if queue:
         wanted["NVRX_IPC_FIX_PREWARM"] = "queue"
-    seen = {message.split()[1].split("=")[0]: (filename, number)
-            for filename, number, message in caught}
+    seen = {
+        message.split()[1].split("=")[0]: (filename, number) for filename, number, message in caught
+    }
     assert seen == {name: (str(script), lines[where]) for name, where in wanted.items()}
 
 
@@ -487,9 +541,11 @@ def test_a_warning_names_the_callers_line_not_ours(tmp_path):
 def test_a_warning_under_python_m_nvrx_ipc_fix_names_no_line_of_runpy():
     """``python -m nvrx_ipc_fix`` runs no code of the user's: a setting's warning names the
     package's ``__main__.py``, where the command entered it, not ``<frozen runpy>:88``."""
-    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "status", "--json"],
-                               env={"NVRX_IPC_FIX_LOG_LEVEL": "loud",
-                                    "NVRX_IPC_FIX_STRATEGY": "nuke"}, fresh=True)
+    rc, out, err = run_process(
+        [sys.executable, "-m", "nvrx_ipc_fix", "status", "--json"],
+        env={"NVRX_IPC_FIX_LOG_LEVEL": "loud", "NVRX_IPC_FIX_STRATEGY": "nuke"},
+        fresh=True,
+    )
     assert rc == 0, err
     main = os.path.join(os.path.dirname(find_spec("nvrx_ipc_fix").origin), "__main__.py")
     warned = [line for line in err.splitlines() if ": RuntimeWarning: " in line]
@@ -508,10 +564,10 @@ import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async
 
 @needs_nvrx
 @pth_installed
-@pytest.mark.parametrize("name, value", [("NVRX_IPC_FIX_DISABLE", "maybe"),
-                                         ("NVRX_IPC_FIX_LOG_LEVEL", "loud")])
-def test_start_up_warns_about_a_setting_only_in_a_process_that_imports_nvrx(tmp_path, name,
-                                                                             value):
+@pytest.mark.parametrize(
+    "name, value", [("NVRX_IPC_FIX_DISABLE", "maybe"), ("NVRX_IPC_FIX_LOG_LEVEL", "loud")]
+)
+def test_start_up_warns_about_a_setting_only_in_a_process_that_imports_nvrx(tmp_path, name, value):
     """Start-up activation reads the setting in every process of the environment: one that
     never imports NVRx (``pip --version``) prints nothing; one that does prints one warning,
     at its import line, saying where it comes from. ``activate()`` still warns at once."""
@@ -565,18 +621,27 @@ RAY_ENVS = """
 def test_ray_runtime_env_rejects_what_ray_cannot_take_naming_the_argument():
     seen = run_python(RAY_ENVS, env={"NVRX_IPC_FIX_STRATEGY": "flush"})
     for label in ("'bad'", "123", "[]", "b'x'"):
-        assert seen.pop(label).startswith("TypeError: runtime_env must be a dict (Ray's "
-                                          "runtime_env) or None, not "), label
+        assert seen.pop(label).startswith(
+            "TypeError: runtime_env must be a dict (Ray's runtime_env) or None, not "
+        ), label
     for label in ("env_vars list", "env_vars str"):
         assert seen.pop(label).startswith(
-            "TypeError: runtime_env['env_vars'] must be a dict of str to str or None"), label
-    assert seen.pop("env_vars int value") == ("TypeError: runtime_env['env_vars'] must map str "
-                                              "to str (Ray's rule); 'A': 1 is not")
+            "TypeError: runtime_env['env_vars'] must be a dict of str to str or None"
+        ), label
+    assert seen.pop("env_vars int value") == (
+        "TypeError: runtime_env['env_vars'] must map str to str (Ray's rule); 'A': 1 is not"
+    )
     assert seen.pop("env_vars int key").startswith("TypeError: runtime_env['env_vars'] must map")
-    for label, value in (("hook ''", "''"), ("hook ' '", "' '"), ("hook 'setup'", "'setup'"),
-                         ("hook 'a..b'", "'a..b'")):
-        assert seen.pop(label) == ("ValueError: worker_process_setup_hook must be a callable or "
-                                   f"a 'module.function' string, not {value}"), label
+    for label, value in (
+        ("hook ''", "''"),
+        ("hook ' '", "' '"),
+        ("hook 'setup'", "'setup'"),
+        ("hook 'a..b'", "'a..b'"),
+    ):
+        assert seen.pop(label) == (
+            "ValueError: worker_process_setup_hook must be a callable or "
+            f"a 'module.function' string, not {value}"
+        ), label
     assert seen.pop("hook 1").startswith("TypeError: worker_process_setup_hook must be")
     assert seen.pop("ours once") == [None, None]  # not chained to itself
     assert seen.pop("kept") == [["env_vars", "worker_process_setup_hook"]] * 5
@@ -587,10 +652,14 @@ def test_ray_runtime_env_rejects_what_ray_cannot_take_naming_the_argument():
 def test_an_empty_dir_is_a_usage_error_and_writes_nothing(tmp_path, command):
     """``bundle ""`` used to write the bundle into the current directory."""
     for directory in ("", " \t"):
-        proc = subprocess.run([sys.executable, "-m", "nvrx_ipc_fix", command, directory],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                              env={k: v for k, v in os.environ.items()
-                                   if not k.startswith("NVRX_IPC_FIX_")})
+        proc = subprocess.run(
+            [sys.executable, "-m", "nvrx_ipc_fix", command, directory],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")},
+        )
         assert proc.returncode == 2 and "DIR is empty" in proc.stderr, proc
         assert list(tmp_path.iterdir()) == []
 
@@ -616,8 +685,11 @@ def test_the_demo_runner_removes_its_childs_temp_directory_however_it_ends():
     tmp = tempfile.mkdtemp(prefix="nvrx-test-")  # short enough for a TMPDIR below it (fits)
     try:
         seen = run_python(KILLED_CHILD, env={"TMPDIR": tmp}, timeout=120)
-        assert seen == {"killed": "the driver was still running after 8 s: stopped it and the "
-                                  "processes it started", "ends": "made\n"}
+        assert seen == {
+            "killed": "the driver was still running after 8 s: stopped it and the "
+            "processes it started",
+            "ends": "made\n",
+        }
         assert os.listdir(tmp) == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

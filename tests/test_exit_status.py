@@ -77,7 +77,8 @@ def test_two_threads_read_a_killed_forkserver_child_s_exit_code_at_once_and_both
 
 @pytest.mark.parametrize("method, rounds", [("fork", 300), ("spawn", 200)])
 def test_the_monitor_s_read_of_a_killed_child_gets_sigkill_while_another_thread_polls(
-        method, rounds):
+    method, rounds
+):
     """NVRx's workers are spawned (megatron-core's forked): the monitor's read
     (``monitor.exitcode``: a join, then the code) beside another thread's non-blocking poll.
     That one may still find the child not reaped (None: Python's answer before the kernel's);
@@ -102,24 +103,29 @@ def test_the_monitor_s_read_of_a_killed_child_gets_sigkill_while_another_thread_
                           "class_kept": popen_fork.Popen.poll.__code__.co_filename ==
                                         popen_fork.__file__}}))
     """)
-    bad = [(reads, final) for reads, final in found["seen"]
-           if reads[0] != -9 or reads[1] not in (None, -9) or final != -9]
+    bad = [
+        (reads, final)
+        for reads, final in found["seen"]
+        if reads[0] != -9 or reads[1] not in (None, -9) or final != -9
+    ]
     assert bad == [], f"{len(bad)} of {len(found['seen'])} rounds: {bad[:5]}"
     assert found["other_kept"] and found["class_kept"]
 
 
 @needs_nvrx
 @pytest.mark.worker
-def test_the_error_of_a_killed_worker_names_sigkill_while_two_threads_read_its_status(
-        tmp_path):
+def test_the_error_of_a_killed_worker_names_sigkill_while_two_threads_read_its_status(tmp_path):
     """The real worker, from the harness's forkserver, killed by SIGKILL and then ended by
     ``os._exit(3)`` while writing: the monitor thread and the trainer's finalize read its
     status, and are made to meet inside CPython's read (``harness.races``). Each error names
     what the worker died of, no two reads met, and the save after each loads. Before: both
     errors said "exit code 255"."""
     met = tmp_path / "met"
-    report = scenario(["save", "fault-kill", "save", "fault-exit", "save"], timeout=30,
-                      prelude=f"from harness import races; races.status_readers_meet({str(met)!r})")
+    report = scenario(
+        ["save", "fault-kill", "save", "fault-exit", "save"],
+        timeout=30,
+        prelude=f"from harness import races; races.status_readers_meet({str(met)!r})",
+    )
     assert report["hang"] is None, report["stderr"]
     words = {"kill": "(killed by SIGKILL)", "exit": "(exit code 3)"}
     for outcome in report["faults"]:

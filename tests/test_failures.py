@@ -8,8 +8,15 @@ import tempfile
 
 import pytest
 
-from conftest import (expect, last_json, needs_cache, needs_nvrx, pth_installed, run_process,
-                      scenario)
+from conftest import (
+    expect,
+    last_json,
+    needs_cache,
+    needs_nvrx,
+    pth_installed,
+    run_process,
+    scenario,
+)
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -31,8 +38,7 @@ def test_stale_after_storage_replaced_without_the_package():
 
 
 # One run with the package covers replace, close, and close then replace.
-WITH_FIX = ["save", "save", "replace", "save", "save", "close", "save", "close", "replace",
-            "save"]
+WITH_FIX = ["save", "save", "replace", "save", "save", "close", "save", "close", "replace", "save"]
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +119,12 @@ def test_both_fixes_hold_when_activated_at_start_up():
     """This env's install: the .pth activates the trainer, a fresh interpreter. NVRx's
     workers are forked from a forkserver of it (a worker spawned with the .pth, in NeMo RL's
     venv actor: ``test_ray.py``)."""
-    report = scenario(["save", "save", "replace", "save", "close", "save"], auto=True, timeout=15,
-                      starts="forkserver")
+    report = scenario(
+        ["save", "save", "replace", "save", "close", "save"],
+        auto=True,
+        timeout=15,
+        starts="forkserver",
+    )
     assert report["source"] == "pth"
     assert report["hang"] is None and not report["cache_miss"], report["stderr"]
     assert stale_counts(report) == [0, 0, 0, 0]
@@ -127,11 +137,24 @@ def test_the_hang_exit_leaves_no_temp_directory():
     try:
         # where NVRx hangs, 10 s are enough to see it; elsewhere the save after the close
         # spawns a fresh worker, which took over 10 s under CI's load
-        rc, out, err = run_process([sys.executable, "-m", "harness.scenario", "--steps",
-                                    "save,save,close,save", "--timeout",
-                                    "10" if expect("hang") else "60", "--tensors", "2",
-                                    "--numel", "256"], fix=False, env={"TMPDIR": tmp},
-                                   timeout=240)
+        rc, out, err = run_process(
+            [
+                sys.executable,
+                "-m",
+                "harness.scenario",
+                "--steps",
+                "save,save,close,save",
+                "--timeout",
+                "10" if expect("hang") else "60",
+                "--tensors",
+                "2",
+                "--numel",
+                "256",
+            ],
+            fix=False,
+            env={"TMPDIR": tmp},
+            timeout=240,
+        )
         assert rc == 0, err[-3000:]
         assert (last_json(out)["hang"] is not None) == expect("hang")
         assert os.listdir(tmp) == []

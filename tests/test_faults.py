@@ -18,8 +18,17 @@ import pytest
 
 from harness import stacks
 
-from conftest import (MCORE, NVRX, PTH, Child, expect, needs_nvrx, run_python,
-                      scenario, scenario_ranks)
+from conftest import (
+    MCORE,
+    NVRX,
+    PTH,
+    Child,
+    expect,
+    needs_nvrx,
+    run_python,
+    scenario,
+    scenario_ranks,
+)
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -37,9 +46,14 @@ MODES = [("blocking", False), ("blocking", True), ("poll", False), ("poll", True
 #: the modes but the first, marked ``modes`` (tox.ini: not run where the worker's code is
 #: another env's, as NVRx 0.7.0's async_ckpt/core.py is 0.6.0's but for log lines)
 OTHER_MODES = [pytest.param(mode, marks=pytest.mark.modes) for mode in MODES[1:]]
-WORDS = {"preload": "exit code 1", "raise": "exit code 1", "exit": "exit code 3",
-         "kill": "killed by SIGKILL", "idle": "while idle (killed by SIGKILL",
-         "segv": "killed by SIGSEGV"}
+WORDS = {
+    "preload": "exit code 1",
+    "raise": "exit code 1",
+    "exit": "exit code 3",
+    "kill": "killed by SIGKILL",
+    "idle": "while idle (killed by SIGKILL",
+    "segv": "killed by SIGSEGV",
+}
 
 
 def steps_for(kinds):
@@ -103,7 +117,8 @@ def test_with_the_package_nothing_hangs_and_every_later_save_is_correct(every_fa
 
 @pytest.mark.parametrize("kind", HANGS)
 def test_a_dead_worker_is_one_error_raised_by_the_finalize_then_the_next_save_loads(
-        each_mode, kind):
+    each_mode, kind
+):
     one_error_then_the_next_save_loads(each_mode, kind)
 
 
@@ -201,8 +216,9 @@ def spawned():
     worker as NVRx starts it. The trainer imports the package (start-up activation is
     ``every_fault``'s). The worker after the last fault, spawned in place of the SIGSEGV'd
     one, is looked at in ``/proc`` by a last step."""
-    return scenario([*steps_for(ALL), "started#started"], timeout=30, env=STALL,
-                    starts="spawn", prelude=STARTED)
+    return scenario(
+        [*steps_for(ALL), "started#started"], timeout=30, env=STALL, starts="spawn", prelude=STARTED
+    )
 
 
 def test_under_nvrx_s_own_spawn_nothing_hangs_and_every_later_save_loads(spawned):
@@ -239,8 +255,18 @@ def test_saves_in_flight_behind_a_failed_one_are_named_not_silently_dropped(mode
     save the dead worker never completed; a save that reached a fresh worker is finalized
     (blocking: by the same call; polls: by the same call when it is done, else by the next);
     the next save loads."""
-    steps = ["save", "fault-raise-async", "save-async", "finalize", "save",
-             "fault-kill-async", "save-async", "save-async", "finalize", "save"]
+    steps = [
+        "save",
+        "fault-raise-async",
+        "save-async",
+        "finalize",
+        "save",
+        "fault-kill-async",
+        "save-async",
+        "save-async",
+        "finalize",
+        "save",
+    ]
     report = scenario(steps, timeout=30, finalize=mode[0], no_dist=mode[1])
     assert report["hang"] is None, report["stderr"]
     raised = [f for f in report["faults"] if f["error"] is not None]
@@ -262,7 +288,8 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
     """An interrupt (Ctrl-C) while a save waits for its preload handshake: the interrupt
     comes through at once; the save is kept as failed, so its finalize still tells the
     other ranks; it raises once, names it, and the next save is loaded back."""
-    result = run_python("""
+    result = run_python(
+        """
         import json, tempfile
         from harness import scenario
         t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, starts="forkserver")
@@ -290,7 +317,9 @@ def test_a_save_interrupted_in_its_handshake_is_named_by_its_finalize_then_the_n
         out["same_worker"] = t.queue.persistent_caller is caller
         t.close()
         print(json.dumps(out))
-    """, timeout=180)
+    """,
+        timeout=180,
+    )
     assert result["interrupted"] and result["pending"] == 1, result
     kind, lost, text = result["error"]
     assert kind == "CheckpointWorkerError" and lost == [1], result
@@ -313,16 +342,26 @@ def test_fifty_failures_and_recoveries_leak_no_descriptors_semaphores_or_threads
 
 
 def two_ranks(tmp_path, steps, fix=True, timeout=20, finalize="blocking"):
-    return scenario_ranks(steps, tmp_path, fix=fix, timeout=timeout, backstop=4 * timeout + 120,
-                          flags=["--finalize", finalize])
+    return scenario_ranks(
+        steps,
+        tmp_path,
+        fix=fix,
+        timeout=timeout,
+        backstop=4 * timeout + 120,
+        flags=["--finalize", finalize],
+    )
 
 
-@pytest.mark.parametrize("kind, finalize", [("kill", "blocking"), ("kill", "poll"),
-                                            ("preload", "blocking"), ("idle", "poll")])
+@pytest.mark.parametrize(
+    "kind, finalize",
+    [("kill", "blocking"), ("kill", "poll"), ("preload", "blocking"), ("idle", "poll")],
+)
 def test_two_ranks_a_fault_on_rank_0_then_on_rank_1_every_rank_raises_once_then_saves(
-        tmp_path, kind, finalize):
-    reports = two_ranks(tmp_path, f"save,fault-{kind}@0,save,fault-{kind}@1,save",
-                        finalize=finalize)
+    tmp_path, kind, finalize
+):
+    reports = two_ranks(
+        tmp_path, f"save,fault-{kind}@0,save,fault-{kind}@1,save", finalize=finalize
+    )
     for rank, report in enumerate(reports):
         assert report["hang"] is None
         assert loaded(report) == [0, 0, 0]  # the saves after the faults, loaded on every rank
@@ -336,7 +375,8 @@ def test_two_ranks_a_fault_on_rank_0_then_on_rank_1_every_rank_raises_once_then_
             else:
                 assert WORDS[kind] in outcome["error"]["message"]
     assert [f["finalize_calls"] for f in reports[0]["faults"]] == [
-        f["finalize_calls"] for f in reports[1]["faults"]]  # the same call on both ranks
+        f["finalize_calls"] for f in reports[1]["faults"]
+    ]  # the same call on both ranks
 
 
 def test_two_ranks_without_the_package_both_wait_for_ever(tmp_path):
@@ -349,8 +389,9 @@ def test_two_ranks_without_the_package_both_wait_for_ever(tmp_path):
     assert hung[0]["waits_in"][-1] == "distributed_c10d.py:all_reduce", hung[0]
 
 
-needs_mcore = pytest.mark.skipif(MCORE is None, reason="megatron-core is not installed here "
-                                 "(the py311-megatron env has it)")
+needs_mcore = pytest.mark.skipif(
+    MCORE is None, reason="megatron-core is not installed here (the py311-megatron env has it)"
+)
 
 
 def mcore_scenario(steps, fix=True, **options):
@@ -382,7 +423,8 @@ def test_mcore_a_closed_caller_collected_later_leaves_the_next_worker_alone():
     queues for its own: when that worker has died, doing so left the handshake of the save
     that met the death waiting for ever (seen under load, the garbage collector running
     during the wait)."""
-    result = run_python("""
+    result = run_python(
+        """
         import json, tempfile
         from harness import scenario
         t = scenario.Trainer(tempfile.mkdtemp(), 4, 256, cached=False, impl="mcore")
@@ -404,9 +446,12 @@ def test_mcore_a_closed_caller_collected_later_leaves_the_next_worker_alone():
         out["stale"] = t.stale_tensors(path, version)
         t.close()
         print(json.dumps(out))
-    """, timeout=180)
-    assert result == {"kept": True, "queues": True, "error": "CheckpointWorkerError",
-                      "stale": 0}, result
+    """,
+        timeout=180,
+    )
+    assert result == {"kept": True, "queues": True, "error": "CheckpointWorkerError", "stale": 0}, (
+        result
+    )
 
 
 @needs_mcore
@@ -475,5 +520,8 @@ def test_the_process_exits_when_nobody_closed_the_queue(tmp_path, case, fix):
         assert hung == (case == "abort-then-save" or not expect("cache"))
         if hung:  # NVRx's __del__ on the stopped daemonic worker, or the exit joining the other
             waits_in = stacks.dumped(errors)
-            assert waits_in[:2] == (["core.py:__del__", "core.py:close"] if expect("daemon")
-                                    else ["util.py:_exit_function", "process.py:join"]), waits_in
+            assert waits_in[:2] == (
+                ["core.py:__del__", "core.py:close"]
+                if expect("daemon")
+                else ["util.py:_exit_function", "process.py:join"]
+            ), waits_in

@@ -47,8 +47,10 @@ def test_a_forked_child_s_exit_leaves_the_kept_worker_alone():
 def test_a_forked_child_s_exit_leaves_a_prewarmed_worker_alone():
     """First in NVRx's warm-up slot (``NVRX_IPC_FIX_PREWARM=start`` at the queue's creation),
     then on the queue's own caller (``prewarm()``)."""
-    report = scenario(["ready", "fork-exit", "save", "terminate", "prewarm", "ready",
-                       "fork-close-exit", "save"], env={"NVRX_IPC_FIX_PREWARM": "start"})
+    report = scenario(
+        ["ready", "fork-exit", "save", "terminate", "prewarm", "ready", "fork-close-exit", "save"],
+        env={"NVRX_IPC_FIX_PREWARM": "start"},
+    )
     slot, own = report["ready"]
     assert slot["error"] is own["error"] is None and slot["pid"] != own["pid"], report["ready"]
     same_workers(report, [slot["pid"], own["pid"]])
@@ -62,8 +64,12 @@ def test_megatron_core_s_class_level_worker_is_left_alone_too():
     """The child's own exit code is not checked: in this scenario (megatron-core's worker
     forked on the CPU) the child dies of SIGSEGV in native teardown, with the package or
     without it."""
-    report = scenario(["save", "fork-exit", "save", "fork-close-exit", "save"], impl="mcore",
-                      cached=False, timeout=30)
+    report = scenario(
+        ["save", "fork-exit", "save", "fork-close-exit", "save"],
+        impl="mcore",
+        cached=False,
+        timeout=30,
+    )
     assert report["fix"]["mcore_worker_watch"] == "active"
     same_workers(report, [report["saves"][0]["worker"]] * 2)
     assert not any(child["hung"] for child in report["fork_exits"]), report["fork_exits"]
@@ -139,8 +145,13 @@ LOCKS = """
 
 def test_the_child_gets_fresh_locks_and_no_record_of_the_parent_s_workers():
     found = run_python(LOCKS)
-    assert found["free"] == ["lifecycle._lock", "log._lock", "prewarm._lock",
-                             "prewarm._reported", "monitor._monitor.lock"], found
+    assert found["free"] == [
+        "lifecycle._lock",
+        "log._lock",
+        "prewarm._lock",
+        "prewarm._reported",
+        "monitor._monitor.lock",
+    ], found
     assert found["callers"] == found["starts"] == 0, found
     assert found["parent"] == {"callers": 1, "starts": 1}, found  # the parent keeps its own
 
@@ -182,8 +193,10 @@ def test_a_callback_that_fails_in_the_child_warns_and_status_says_why():
     ``status()`` there names it on the patched targets it serves, the other callbacks still
     run; the parent is untouched."""
     found = run_python(FAILING)
-    reason = ("after os.fork(), in the child: let_go failed: TypeError: 'NoneType' object is "
-              "not subscriptable")
+    reason = (
+        "after os.fork(), in the child: let_go failed: TypeError: 'NoneType' object is "
+        "not subscriptable"
+    )
     ((category, message),) = found["warnings"]  # one, visible by default
     assert category == "RuntimeWarning" and message.startswith(f"nvrx_ipc_fix: {reason} (pid")
     patched = ["worker_watch"] + (["clear_on_close", "suspend"] if expect("cache") else [])

@@ -21,8 +21,10 @@ try:
 except metadata.PackageNotFoundError:
     MEGATRON_CORE = None
 needs_megatron = pytest.mark.skipif(
-    MEGATRON_CORE is None, reason="megatron-core is installed only in the megatron tox env "
-    "(its cp312 wheel's pure-Python code runs on 3.11; see tox.ini)")
+    MEGATRON_CORE is None,
+    reason="megatron-core is installed only in the megatron tox env "
+    "(its cp312 wheel's pure-Python code runs on 3.11; see tox.ini)",
+)
 
 # The scenario's "close" step, replaced by the framework's terminate path.
 VIA_MEGATRON = """
@@ -69,14 +71,19 @@ def test_a_terminate_that_finalizes_a_failed_save_raises_it_after_closing():
 
 
 #: Megatron's own function counted beneath the package's wrappers (``test_wrap_once.py``).
-COUNTED = COUNTING + """
+COUNTED = (
+    COUNTING
+    + """
     import megatron.training.async_utils as _au_counted
     import megatron.training.training as _training_counted
     _count(_au_counted, "maybe_finalize_async_save", "terminate")
     _training_counted.maybe_finalize_async_save = _au_counted.maybe_finalize_async_save
-""" + VIA_MEGATRON + """
+"""
+    + VIA_MEGATRON
+    + """
     _s.EXTRA_STEPS["calls"] = _report
 """
+)
 
 
 @pytest.mark.worker
@@ -84,8 +91,9 @@ COUNTED = COUNTING + """
 def test_a_terminate_that_meets_a_failure_calls_megatron_once():
     """Wrap, never re-implement: the close after the failed finalize is Megatron's own, in
     the one call (before: the whole function ran twice)."""
-    report = scenario(["save", "fault-kill-async", "close?#close", "save", "calls#calls"],
-                      prelude=COUNTED)
+    report = scenario(
+        ["save", "fault-kill-async", "close?#close", "save", "calls#calls"], prelude=COUNTED
+    )
     assert report["hang"] is None, report["stderr"]
     assert report["named"]["close"]["error"]["type"] == "CheckpointWorkerError"
     assert report["named"]["close"]["workers_after"] == 0
@@ -116,7 +124,12 @@ ALIASES = """
 @needs_megatron
 @pytest.mark.parametrize("late", [False, True], ids=["activated-first", "activated-late"])
 def test_names_bound_by_from_import_see_the_wrapper(late):
-    result = run_python(ALIASES.format(setup="", module="megatron.training.async_utils",
-                                       importer="megatron.training.training",
-                                       late="nvrx_ipc_fix.deactivate()" if late else ""))
+    result = run_python(
+        ALIASES.format(
+            setup="",
+            module="megatron.training.async_utils",
+            importer="megatron.training.training",
+            late="nvrx_ipc_fix.deactivate()" if late else "",
+        )
+    )
     assert result == {"seen": [not late, True, False], "same_signature": True}

@@ -13,12 +13,22 @@ from conftest import expect, needs_cache, needs_nvrx, run_process, run_python, s
 
 
 def test_import_imports_neither_torch_nor_nvrx_nor_wrapt(tmp_path):
-    heavy = ["torch", "nvidia_resiliency_ext", "wrapt", "logging", "inspect", "dataclasses",
-             "megatron"]
-    loaded = run_python(f"""
+    heavy = [
+        "torch",
+        "nvidia_resiliency_ext",
+        "wrapt",
+        "logging",
+        "inspect",
+        "dataclasses",
+        "megatron",
+    ]
+    loaded = run_python(
+        f"""
         import sys, json, nvrx_ipc_fix
         print(json.dumps([m for m in {heavy!r} if m in sys.modules]))
-    """, fresh=True)  # what a fresh interpreter imports: not a child of the zygote
+    """,
+        fresh=True,
+    )  # what a fresh interpreter imports: not a child of the zygote
     assert loaded == []
 
 
@@ -38,19 +48,30 @@ def test_hook_runs_after_import_restores_loader_and_survives_a_failing_hook(tmp_
                           "loader": type(hooked_mod.__loader__).__name__,
                           "spec_loader": type(hooked_mod.__spec__.loader).__name__}}))
     """)
-    assert result == {"calls": [42], "late": [41], "loader": "SourceFileLoader",
-                      "spec_loader": "SourceFileLoader"}
+    assert result == {
+        "calls": [42],
+        "late": [41],
+        "loader": "SourceFileLoader",
+        "spec_loader": "SourceFileLoader",
+    }
 
 
 def test_invalid_env_values_warn_once(tmp_path):
     """A kill switch it does not understand turns the package off; another variable falls
     back to its default. One warning each, however often they are read."""
-    rc, out, err = run_process([sys.executable, "-c", (
-        "import nvrx_ipc_fix, json;"
-        "nvrx_ipc_fix.activate(); nvrx_ipc_fix.activate();"
-        "s = nvrx_ipc_fix.status();"
-        "print(json.dumps([s.activated, [str(f.state) for f in s.fixes]]))")],
-        env={"NVRX_IPC_FIX_DISABLE": "stale_gaurd", "NVRX_IPC_FIX_LOG_LEVEL": "loud"})
+    rc, out, err = run_process(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import nvrx_ipc_fix, json;"
+                "nvrx_ipc_fix.activate(); nvrx_ipc_fix.activate();"
+                "s = nvrx_ipc_fix.status();"
+                "print(json.dumps([s.activated, [str(f.state) for f in s.fixes]]))"
+            ),
+        ],
+        env={"NVRX_IPC_FIX_DISABLE": "stale_gaurd", "NVRX_IPC_FIX_LOG_LEVEL": "loud"},
+    )
     assert rc == 0, err
     activated, states = json.loads(out.splitlines()[-1])
     assert not activated and set(states) == {"disabled"}
@@ -60,6 +81,71 @@ def test_invalid_env_values_warn_once(tmp_path):
 
 
 @needs_cache
+def test_the_guard_warns_once_records_the_reason_and_lets_a_checkpoint_failure_through():
+    """``core.log.guard``, around the package's own bookkeeping: a defect there (a KeyError,
+    three times) is one RuntimeWarning and one WARNING, ``status()`` names it for its target,
+    and the block's caller can fall back (``failed``); a checkpoint's failure is never caught:
+    the package's ``CheckpointWorkerError``, torch's ``CheckpointException``, an interrupt,
+    and an exception raised inside NVRx each reach the caller as raised."""
+    result = run_python("""
+        import json, logging, warnings
+        import nvrx_ipc_fix
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import (
+            FileSystemWriterAsync)
+        from torch.distributed.checkpoint.api import CheckpointException
+        from nvrx_ipc_fix.core.errors import CheckpointWorkerError
+        from nvrx_ipc_fix.core.log import guard
+        from nvrx_ipc_fix.fixes.clear_on_close import CLOSE_TARGET
+
+        records = []
+        handler = logging.Handler(); handler.emit = records.append
+        logging.getLogger("nvrx_ipc_fix").addHandler(handler)
+        failed = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                with guard(CLOSE_TARGET, fix="clear_on_close") as it:
+                    {}["the package's own record"]
+                    failed.append("not reached")
+                failed.append(type(it.failed).__name__)
+
+        def nvrx():
+            FileSystemWriterAsync.get_save_function_and_args(object())
+
+        def raises(failure):
+            raise failure
+
+        through = []
+        for call in (lambda: raises(CheckpointWorkerError("the worker died")),
+                     lambda: raises(CheckpointException("save failed", {})),
+                     lambda: raises(KeyboardInterrupt()), nvrx):
+            try:
+                with guard(CLOSE_TARGET, fix="clear_on_close") as it:
+                    call()
+                through.append(None)
+            except BaseException as exc:
+                through.append(type(exc).__name__)
+        target = [t for t in nvrx_ipc_fix.status().targets
+                  if t.fix == "clear_on_close" and t.target == CLOSE_TARGET][0]
+        print(json.dumps({"failed": failed, "through": through, "state": str(target.state),
+                          "reason": target.reason,
+                          "logged": [r.getMessage() for r in records
+                                     if r.levelno == logging.WARNING],
+                          "shown": [[w.category.__name__, str(w.message)] for w in caught]}))
+    """)
+    assert result["failed"] == ["KeyError"] * 3, result
+    assert len(result["shown"]) == 1 and result["shown"][0][0] == "RuntimeWarning", result
+    assert "the package's own record" in result["shown"][0][1], result
+    assert len(result["logged"]) == 1, result
+    assert result["state"] == "error" and "KeyError" in result["reason"], result
+    assert result["through"][:3] == [
+        "CheckpointWorkerError",
+        "CheckpointException",
+        "KeyboardInterrupt",
+    ], result
+    assert result["through"][3] not in (None, "KeyError"), result  # NVRx's own, as raised
+
+
 def test_failing_cleanup_leaves_close_working_and_reports_error():
     """One WARNING on the package logger and one RuntimeWarning (shown by default),
     attributed to the user's call, however often the hook fails."""
@@ -128,11 +214,17 @@ def test_unknown_shape_is_left_unpatched_with_the_reason():
 
 
 @needs_nvrx
-@pytest.mark.parametrize("change, state", [
-    ("core.PersistentAsyncWorkerError = type('PersistentAsyncWorkerError', (RuntimeError,), {})",
-     "fixed_upstream"),  # Megatron-LM PR #6971's error, in a release that has it
-    ("del core._ActiveAsyncRequest", "unsupported"),  # nowhere to keep a failed save
-])
+@pytest.mark.parametrize(
+    "change, state",
+    [
+        (  # Megatron-LM PR #6971's error, in a release that has it
+            "core.PersistentAsyncWorkerError = "
+            "type('PersistentAsyncWorkerError', (RuntimeError,), {})",
+            "fixed_upstream",
+        ),
+        ("del core._ActiveAsyncRequest", "unsupported"),  # nowhere to keep a failed save
+    ],
+)
 def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change, state):
     result = run_python(f"""
         import json, os
@@ -176,8 +268,7 @@ DEFECT = """
 @pytest.mark.parametrize("where", ["_scheduled_failed", "_schedule"])  # schedule_wrapper's body
 def test_a_defect_in_the_schedule_bookkeeping_falls_back_whole(where):
     steps = ["save", "fault-idle" if where == "_scheduled_failed" else "save", "save"]
-    report = scenario(steps, prelude=DEFECT.format(where=where),
-                      timeout=30)
+    report = scenario(steps, prelude=DEFECT.format(where=where), timeout=30)
     assert report["hang"] is None, report["stderr"]
     assert not report.get("faults") or all(f["error"] is None for f in report["faults"])
     assert [s["stale"] for s in report["saves"]] == [0, 0, 0]
@@ -223,15 +314,14 @@ EXTRA_ARGUMENT = """
 @pytest.mark.worker
 def test_the_watch_passes_every_argument_of_a_save_to_nvrx():
     """Wrap, never re-implement: NVRx's own call gets every argument, not the request alone."""
-    report = scenario(["save", "save", "received#received", "depth#depth"],
-                      prelude=EXTRA_ARGUMENT)
+    report = scenario(["save", "save", "received#received", "depth#depth"], prelude=EXTRA_ARGUMENT)
     assert report["hang"] is None, report["stderr"]
     assert report["fix"]["worker_watch"] == "active"
     # one wrapper: worker_watch, and prewarm and suspend where they apply
     assert report["named"]["depth"]["depth"] == 1
-    assert report["named"]["depth"]["steps"] == (["suspend"] * expect("cache")
-                                                 + ["prewarm"] * expect("warmup")
-                                                 + ["worker_watch"])
+    assert report["named"]["depth"]["steps"] == (
+        ["suspend"] * expect("cache") + ["prewarm"] * expect("warmup") + ["worker_watch"]
+    )
     assert report["named"]["received"]["received"] == [{"rest": ["extra"], "priority": 3}] * 2
     assert [s["stale"] for s in report["saves"]] == [0, 0]
     assert report["log"] == [], report["log"]  # no hook fell back

@@ -35,10 +35,10 @@ def imported(path):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                module = list(parts[:len(parts) - node.level]) + (
-                    node.module.split(".") if node.module else [])
-            elif node.module == "nvrx_ipc_fix" or (node.module or "").startswith(
-                    "nvrx_ipc_fix."):
+                module = list(parts[: len(parts) - node.level]) + (
+                    node.module.split(".") if node.module else []
+                )
+            elif node.module == "nvrx_ipc_fix" or (node.module or "").startswith("nvrx_ipc_fix."):
                 module = node.module.split(".")[1:]
             else:
                 continue
@@ -46,8 +46,11 @@ def imported(path):
             if module:
                 found.add(".".join(module))
         elif isinstance(node, ast.Import):
-            found.update(alias.name[len("nvrx_ipc_fix."):] for alias in node.names
-                         if alias.name.startswith("nvrx_ipc_fix."))
+            found.update(
+                alias.name[len("nvrx_ipc_fix.") :]
+                for alias in node.names
+                if alias.name.startswith("nvrx_ipc_fix.")
+            )
             if any(alias.name == "nvrx_ipc_fix" for alias in node.names):
                 found.add("")  # the root package
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -60,8 +63,9 @@ def imported(path):
 def graph():
     """Each module of the package (below the root) -> the modules of the package it imports
     or names, by their name below ``nvrx_ipc_fix`` (``""``: the root)."""
-    paths = {".".join(p.relative_to(PACKAGE).with_suffix("").parts): p
-             for p in PACKAGE.rglob("*.py")}
+    paths = {
+        ".".join(p.relative_to(PACKAGE).with_suffix("").parts): p for p in PACKAGE.rglob("*.py")
+    }
     names = {name.removesuffix(".__init__") for name in paths}
     edges = {}
     for name, path in paths.items():
@@ -119,34 +123,66 @@ def test_no_module_imports_itself_back():
 
 
 def test_no_fix_imports_another():
-    wrong = [f"fixes/{path.name} imports {name}" for path in modules("fixes")
-             for name in imported(path)
-             if name.startswith("fixes.") and name != f"fixes.{path.stem}"]
+    wrong = [
+        f"fixes/{path.name} imports {name}"
+        for path in modules("fixes")
+        for name in imported(path)
+        if name.startswith("fixes.") and name != f"fixes.{path.stem}"
+    ]
     assert wrong == []
 
 
 def test_core_names_no_module_above_it():
     """Not even to look one up in ``sys.modules``: what core needs from above registers
     with it (``cleanup.on_forget``, ``state.on_deactivate``, ``state.on_status``)."""
-    wrong = [f"core/{path.name}: {node.value!r}" for path in modules("core")
-             for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.Constant) and isinstance(node.value, str)
-             and node.value.startswith(ABOVE_CORE)]
+    wrong = [
+        f"core/{path.name}: {node.value!r}"
+        for path in modules("core")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith(ABOVE_CORE)
+    ]
     assert wrong == []
 
 
 #: Names of NVRx's and megatron-core's code whose presence or meaning differs between their
 #: versions (and between NVRx's caller and megatron-core's copy).
 SHAPE_NAMES = {
-    "_worker_data_cache", "_cached_identifiers", "_cached_tensor_data_ptrs",
-    "cleanup_tensor_caches", "sigterm_timeout", "warmup_persistent_caller",
-    "_warmup_persistent_caller", "get_instances", "persistent_caller", "_persistent_caller",
-    "_persistent_process", "_persistent_queue", "_persistent_preload_q", "_persistent_comp_q",
-    "preload_q", "comp_q", "cpu_shm_mode", "use_cached_data_structure",
-    "use_cpu_shm_for_gpu_tensors", "cached_tensor_data", "uncached_tensor_data",
-    "consistent_data_identifier", "_ActiveAsyncRequest", "AsyncRequest", "_get_async_caller",
-    "_start_worker", "_results_queue", "WriteItemType", "_replace", "persistent",
-    "results_queue", "_manager", "_wrap_exception", "_wrap_exception_for_gather",
+    "_worker_data_cache",
+    "_cached_identifiers",
+    "_cached_tensor_data_ptrs",
+    "cleanup_tensor_caches",
+    "sigterm_timeout",
+    "warmup_persistent_caller",
+    "_warmup_persistent_caller",
+    "get_instances",
+    "persistent_caller",
+    "_persistent_caller",
+    "_persistent_process",
+    "_persistent_queue",
+    "_persistent_preload_q",
+    "_persistent_comp_q",
+    "preload_q",
+    "comp_q",
+    "cpu_shm_mode",
+    "use_cached_data_structure",
+    "use_cpu_shm_for_gpu_tensors",
+    "cached_tensor_data",
+    "uncached_tensor_data",
+    "consistent_data_identifier",
+    "_ActiveAsyncRequest",
+    "AsyncRequest",
+    "_get_async_caller",
+    "_start_worker",
+    "_results_queue",
+    "WriteItemType",
+    "_replace",
+    "persistent",
+    "results_queue",
+    "_manager",
+    "_wrap_exception",
+    "_wrap_exception_for_gather",
 }
 #: The adapter (what differs between NVRx versions), the table (its targets' names and
 #: parameters), and what status() and doctor list of the installed NVRx.
@@ -162,8 +198,13 @@ def test_only_the_adapter_names_what_differs_between_nvrx_versions():
             if f"{layer}/{path.name}" in ADAPTER:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
-                name = (node.attr if isinstance(node, ast.Attribute) else node.value
-                        if isinstance(node, ast.Constant) else None)
+                name = (
+                    node.attr
+                    if isinstance(node, ast.Attribute)
+                    else node.value
+                    if isinstance(node, ast.Constant)
+                    else None
+                )
                 if name in SHAPE_NAMES:
                     wrong.append(f"{layer}/{path.name}:{node.lineno}: {name}")
     assert wrong == []
@@ -173,9 +214,11 @@ def test_the_check_sees_imports():
     """The reader finds relative, absolute and nested imports (else the checks above pass
     on nothing)."""
     assert {"core.config", "worker.release", "worker.prewarm"} <= imported(
-        PACKAGE / "fixes" / "release_on_offload.py")  # from ..core import x; nested imports
+        PACKAGE / "fixes" / "release_on_offload.py"
+    )  # from ..core import x; nested imports
     assert {"core.config", "core.fork", "core.hooks", "core.status"} <= imported(
-        PACKAGE / "core" / "lifecycle.py")  # from . import x, y; from .status import z
+        PACKAGE / "core" / "lifecycle.py"
+    )  # from . import x, y; from .status import z
     assert "worker.inherited" in imported(PACKAGE / "core" / "targets.py")  # the table's ALWAYS
     assert "fixes.worker_watch" in imported(PACKAGE / "core" / "targets.py")  # named in strings
     assert "" in imported(PACKAGE / "ray_hook.py")  # import nvrx_ipc_fix

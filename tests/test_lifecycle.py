@@ -75,19 +75,24 @@ def expected_steps(active, imported):
     """The fixes' steps in our one wrapper of each NVRx method in that state, in order."""
     on = active and imported
     cache, warmup = on and expect("cache"), on and expect("warmup")
-    return {"close": ["suspend", "clear_on_close"] * cache + ["worker_watch"] * on,
-            "is_current_async_call_done": ["worker_watch"] * on,
-            "schedule_async_request": (["suspend"] * cache + ["prewarm"] * warmup
-                                       + ["worker_watch"] * on),
-            # a planned key stays valid (clear_on_close), stale storage is re-sent
-            # (stale_guard), the save gets a results queue of its own (own_results: every
-            # NVRx's writer shares one), the CPU tensors are copied (cpu_snapshot: where NVRx
-            # sends the trainer's own)
-            "prepare_write_data": (["clear_on_close"] * cache
-                                   + ["stale_guard"] * (cache and not expect("upstream_ptrs"))
-                                   + ["own_results"] * on
-                                   + ["cpu_snapshot"] * (on and not expect("snapshots"))),
-            "retrieve_write_results": ["own_results"] * on}
+    return {
+        "close": ["suspend", "clear_on_close"] * cache + ["worker_watch"] * on,
+        "is_current_async_call_done": ["worker_watch"] * on,
+        "schedule_async_request": (
+            ["suspend"] * cache + ["prewarm"] * warmup + ["worker_watch"] * on
+        ),
+        # a planned key stays valid (clear_on_close), stale storage is re-sent
+        # (stale_guard), the save gets a results queue of its own (own_results: every
+        # NVRx's writer shares one), the CPU tensors are copied (cpu_snapshot: where NVRx
+        # sends the trainer's own)
+        "prepare_write_data": (
+            ["clear_on_close"] * cache
+            + ["stale_guard"] * (cache and not expect("upstream_ptrs"))
+            + ["own_results"] * on
+            + ["cpu_snapshot"] * (on and not expect("snapshots"))
+        ),
+        "retrieve_write_results": ["own_results"] * on,
+    }
 
 
 def expected_state(active, imported, key):
@@ -96,8 +101,11 @@ def expected_state(active, imported, key):
     module, attr = target.split(":")
     if not active:
         return "disabled"
-    if (fix == "mcore_worker_watch" or module == MCORE_FS
-            or (fix == "worker_watch" and module == MEGATRON)):
+    if (
+        fix == "mcore_worker_watch"
+        or module == MCORE_FS
+        or (fix == "worker_watch" and module == MEGATRON)
+    ):
         return "pending" if MCORE else "not_applicable"  # megatron-core: never imported here
     if fix == "worker_watch" and module == BRIDGE:
         return "pending" if BRIDGE_DIST else "not_applicable"
@@ -144,8 +152,12 @@ def test_lifecycle_order(steps):
         for name, wanted in expected_steps(active, imported).items():
             if imported:  # one wrapper of ours where a fix has a step, never stacked
                 assert seen[name]["steps"] == wanted, (steps, step, name, seen)
-                assert seen[name]["depth"] == seen[name]["ours"] == int(bool(wanted)), \
-                    (steps, step, name, seen)
+                assert seen[name]["depth"] == seen[name]["ours"] == int(bool(wanted)), (
+                    steps,
+                    step,
+                    name,
+                    seen,
+                )
                 assert seen[name]["same_original"], (steps, step, name)
         if "targets" in seen:
             assert seen["activated"] is active
@@ -161,24 +173,40 @@ def test_kill_switch_patches_nothing():
         assert seen["activated"] is False
 
 
-@pytest.mark.skipif(NVRX not in ("0.6.0", "0.7.0"),
-                    reason=lacks("has no two fixes on close() (0.6.0 and 0.7.0 have)"))
+@pytest.mark.skipif(
+    NVRX not in ("0.6.0", "0.7.0"),
+    reason=lacks("has no two fixes on close() (0.6.0 and 0.7.0 have)"),
+)
 def test_foreign_wrapper_on_top_is_kept_and_we_go_inert():
-    log = dict((s, o) for s, o in run_steps(
-        ["pkg", "nvrx", "foreign", "deactivate", "activate", "deactivate"]))
+    log = dict(
+        (s, o)
+        for s, o in run_steps(["pkg", "nvrx", "foreign", "deactivate", "activate", "deactivate"])
+    )
     close = f"{CORE}:PersistentAsyncCaller.close"
     three = ["suspend", "clear_on_close", "worker_watch"]
-    assert log["foreign"]["close"] == {**log["foreign"]["close"], "depth": 2, "ours": 1,
-                                       "steps": three}  # ours (its three steps), theirs
+    assert log["foreign"]["close"] == {
+        **log["foreign"]["close"],
+        "depth": 2,
+        "ours": 1,
+        "steps": three,
+    }  # ours (its three steps), theirs
     # left in their chain, switched off: no step
-    assert log["deactivate"]["close"] == {**log["deactivate"]["close"], "depth": 2, "ours": 1,
-                                          "steps": []}
+    assert log["deactivate"]["close"] == {
+        **log["deactivate"]["close"],
+        "depth": 2,
+        "ours": 1,
+        "steps": [],
+    }
     assert log["deactivate"]["targets"][f"clear_on_close {close}"] == "disabled"
     assert log["deactivate"]["targets"][f"worker_watch {close}"] == "disabled"
     assert log["deactivate"]["targets"][f"suspend {close}"] == "disabled"
     # re-enabled, never stacked
-    assert log["activate"]["close"] == {**log["activate"]["close"], "depth": 2, "ours": 1,
-                                        "steps": three}
+    assert log["activate"]["close"] == {
+        **log["activate"]["close"],
+        "depth": 2,
+        "ours": 1,
+        "steps": three,
+    }
 
 
 @pytest.mark.parametrize("fix", ["stale_guard", "worker_watch", "STALE_GUARD , clear_on_close"])
@@ -194,13 +222,16 @@ def test_fix_disabled_by_name_shows_disabled_before_and_after_import(fix):
     seen = log[-1][1]
     assert seen["prepare_write_data"]["steps"] == (
         ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
-        + ["stale_guard"] * ("stale_guard" not in names and expect("cache")
-                             and not expect("upstream_ptrs"))
-        + ["own_results"] + ["cpu_snapshot"] * (not expect("snapshots")))
-    assert seen["close"]["steps"] == (["suspend"] * expect("cache")
-                                      + ["clear_on_close"] * ("clear_on_close" not in names
-                                                              and expect("cache"))
-                                      + ["worker_watch"] * ("worker_watch" not in names))
+        + ["stale_guard"]
+        * ("stale_guard" not in names and expect("cache") and not expect("upstream_ptrs"))
+        + ["own_results"]
+        + ["cpu_snapshot"] * (not expect("snapshots"))
+    )
+    assert seen["close"]["steps"] == (
+        ["suspend"] * expect("cache")
+        + ["clear_on_close"] * ("clear_on_close" not in names and expect("cache"))
+        + ["worker_watch"] * ("worker_watch" not in names)
+    )
 
 
 def test_activation_and_patching_import_nothing_of_the_cli():
@@ -234,7 +265,8 @@ def test_dir_and_help_list_the_public_api_and_the_lazy_names_stay_lazy():
     assert lazy == []  # dir() named them without importing them
     for name in public:  # a function, a class, or an alias of one (name = class ...)
         assert any(f"\n    {name}{how}" in text for how in ("(", " = class ")) or (
-            f"class {name}(" in text), name
+            f"class {name}(" in text
+        ), name
 
 
 @needs_nvrx
@@ -244,7 +276,8 @@ def test_nothing_is_imported_under_the_lifecycle_lock(first):
     version) before they take ``lifecycle._lock``, and activation registers its hooks after
     it lets go: an import under the lock could wait on another thread's import whose hook
     waits on the lock, a deadlock Python does not detect."""
-    under_lock = run_python(f"""
+    under_lock = run_python(
+        f"""
         import json, sys
         from nvrx_ipc_fix.core import lifecycle
 
@@ -264,7 +297,9 @@ def test_nothing_is_imported_under_the_lifecycle_lock(first):
         import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async
         status = nvrx_ipc_fix.status()
         print(json.dumps([Recorder.seen, [f.state for f in status.fixes]]))
-    """, fresh=True)
+    """,
+        fresh=True,
+    )
     seen, states = under_lock
     assert "active" in states, states
     assert seen == [], seen

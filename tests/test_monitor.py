@@ -92,15 +92,17 @@ WARNS = {"PYTHONWARNINGS": "error::RuntimeWarning", "NVRX_IPC_FIX_STALL_TIMEOUT"
 def test_after_the_monitor_thread_died_a_death_in_the_handshake_or_in_close_still_ends(how):
     """Then a worker that dies in a save's preload handshake is one error from that save's
     finalize, and one killed while close() waits on it ends the close; the next save loads."""
-    report = scenario(["save", "fault-preload", "save", "stop-worker", "kill-worker-later",
-                       "close?", "save"], timeout=30,
-                      prelude=KILLED if how == "killed" else "",
-                      env=WARNS if how == "warning-as-error" else None)
+    report = scenario(
+        ["save", "fault-preload", "save", "stop-worker", "kill-worker-later", "close?", "save"],
+        timeout=30,
+        prelude=KILLED if how == "killed" else "",
+        env=WARNS if how == "warning-as-error" else None,
+    )
     assert report["hang"] is None, report["stderr"]
-    handshake, = report["faults"]
+    (handshake,) = report["faults"]
     assert handshake["error"]["type"] == "CheckpointWorkerError", handshake
     assert "during the preload handshake" in handshake["error"]["message"]
-    close, = report["calls"]
+    (close,) = report["calls"]
     assert close["error"] is None and close["workers_after"] == 0
     assert [s["stale"] for s in report["saves"] if not s.get("lost")] == [0, 0, 0]
 
@@ -111,8 +113,13 @@ class Writer:
 
     def __init__(self):
         self._popen = subprocess.Popen(
-            [sys.executable, "-c", "import os, time\nwhile True:\n"
-             "    os.write(1, b'.')\n    time.sleep(0.05)"], stdout=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-c",
+                "import os, time\nwhile True:\n    os.write(1, b'.')\n    time.sleep(0.05)",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
         self.pid = self._popen.pid
         self.sentinel = os.pidfd_open(self.pid)
 
@@ -142,8 +149,9 @@ class Lines(logging.Handler):
 
     def emit(self, record):
         self.lines.append((time.monotonic(), record.levelname, record.getMessage()))
-        {"ERROR": self.error, "WARNING": self.warning}.get(record.levelname,
-                                                          threading.Event()).set()
+        {"ERROR": self.error, "WARNING": self.warning}.get(
+            record.levelname, threading.Event()
+        ).set()
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="samples /proc")

@@ -30,14 +30,30 @@ pytestmark = [needs_nvrx, pytest.mark.worker]
 
 # What each path moves of the model's storage when it runs (the scenario counts each new
 # storage): the NeMo RL and slime doubles' moves, offloading()'s block (offload, onload).
-MOVES = {"offload_before_refit": 2, "prepare_for_lp_inference": 2, "finish_training": 2,
-         "slime_sleep": 1, "offloading-restart": 2, "offloading-flush": 2,
-         "prepare_for_training": 1, "slime_wake_up": 1}
+MOVES = {
+    "offload_before_refit": 2,
+    "prepare_for_lp_inference": 2,
+    "finish_training": 2,
+    "slime_sleep": 1,
+    "offloading-restart": 2,
+    "offloading-flush": 2,
+    "prepare_for_training": 1,
+    "slime_wake_up": 1,
+}
 # Paths after which no checkpoint worker may be left: a terminate, or restart's offload.
-NO_WORKER = {"offload_before_refit", "finish_training", "slime_sleep", "terminate", "restart",
-             "close", "bridge_terminate"}
+NO_WORKER = {
+    "offload_before_refit",
+    "finish_training",
+    "slime_sleep",
+    "terminate",
+    "restart",
+    "close",
+    "bridge_terminate",
+}
 
-EXTRA = NEMO + """
+EXTRA = (
+    NEMO
+    + """
     from slime.backends.megatron_utils.actor import MegatronTrainRayActor as _Slime
 
     def _slime(method):
@@ -55,6 +71,7 @@ EXTRA = NEMO + """
     _s.EXTRA_STEPS.update({"slime_sleep": _slime("sleep"), "slime_wake_up": _slime("wake_up"),
                            "bridge_terminate": _bridge_terminate})
 """
+)
 
 
 def cells(paths, kinds=("kill", "raise")):
@@ -63,14 +80,16 @@ def cells(paths, kinds=("kill", "raise")):
 
 #: The package's release finalizes, at the automatic points: every fault at NeMo RL's refit
 #: offload, two elsewhere;
-AUTOMATIC = (cells(["offload_before_refit"], ("preload", "raise", "exit", "kill", "idle"))
-             + cells(["prepare_for_lp_inference", "finish_training", "slime_sleep"]))
+AUTOMATIC = cells(["offload_before_refit"], ("preload", "raise", "exit", "kill", "idle")) + cells(
+    ["prepare_for_lp_inference", "finish_training", "slime_sleep"]
+)
 #: and in the user's calls: release() with each strategy, offloading().
 CALLED = cells(["flush", "terminate", "restart", "offloading-restart", "offloading-flush"])
 #: NVRx's own finalize in a call the package completes; "write": NVRx's own error of a live
 #: worker, so that the close's completion shows.
-COMPLETED = (cells(["close", "bridge_terminate", "bridge_finalize"])
-             + cells(["close", "bridge_terminate"], ("write",)))
+COMPLETED = cells(["close", "bridge_terminate", "bridge_finalize"]) + cells(
+    ["close", "bridge_terminate"], ("write",)
+)
 #: Calls that finalize nothing: the next finalize raises.
 LATER = cells(["prepare_for_training", "prewarm", "slime_wake_up"])
 
@@ -87,8 +106,7 @@ def steps_for(cell):
 
 def run(cells_, no_dist, env=None, prelude=EXTRA):
     steps = ["save"] + [step for cell in cells_ for step in steps_for(cell)]
-    return scenario(steps, prelude=prelude, no_dist=no_dist, timeout=30,
-                    env=env)
+    return scenario(steps, prelude=prelude, no_dist=no_dist, timeout=30, env=env)
 
 
 def check(report, cells_):
@@ -98,16 +116,23 @@ def check(report, cells_):
     problems, saves = [], {s["step"]: s for s in report["saves"]}
     for cell in cells_:
         path, kind = cell
-        named = {key.rpartition("/")[2]: entry for key, entry in report["named"].items()
-                 if key.rpartition("/")[0] == f"{path}/{kind}"}
+        named = {
+            key.rpartition("/")[2]: entry
+            for key, entry in report["named"].items()
+            if key.rpartition("/")[0] == f"{path}/{kind}"
+        }
         faulted, call, after = saves[named["faulted"]["step"]], named["call"], named["after"]
         raiser, quiet = (named["finalize"], [call]) if cell in LATER else (call, [])
         error = raiser["error"]
-        expected = "CheckpointWorkerError" if kind != "write" else (
-            "RuntimeError" if NVRX == "0.4.1" else "CheckpointException")
+        expected = (
+            "CheckpointWorkerError"
+            if kind != "write"
+            else ("RuntimeError" if NVRX == "0.4.1" else "CheckpointException")
+        )
         if error is None or error["type"] != expected:
-            problems.append(f"{cell}: {raiser['call']} raised {error and error['type']}, "
-                            f"not {expected}")
+            problems.append(
+                f"{cell}: {raiser['call']} raised {error and error['type']}, not {expected}"
+            )
         elif raiser["lost"] != [faulted["version"]] or not faulted.get("lost"):
             problems.append(f"{cell}: the error names {raiser['lost']} as not saved")
         if raiser["again"] is not None or raiser["pending_after"] != 0:
@@ -115,8 +140,10 @@ def check(report, cells_):
         if any(q["error"] is not None for q in quiet):
             problems.append(f"{cell}: {path} raised, though it finalizes nothing")
         if path in MOVES and (quiet or [raiser])[0]["moved"] != MOVES[path]:
-            problems.append(f"{cell}: {path} moved the storage "
-                            f"{(quiet or [raiser])[0]['moved']} times, not {MOVES[path]}")
+            problems.append(
+                f"{cell}: {path} moved the storage "
+                f"{(quiet or [raiser])[0]['moved']} times, not {MOVES[path]}"
+            )
         if path in NO_WORKER and call["workers_after"] != 0:
             problems.append(f"{cell}: a checkpoint worker is left after {path}")
         if after["stale"] != 0 or after.get("lost"):
@@ -129,10 +156,12 @@ def check(report, cells_):
 
 @needs_cache
 @pytest.mark.parametrize("no_dist", [False, True], ids=["no_dist=False", "no_dist=True"])
-@pytest.mark.parametrize("cells_", [AUTOMATIC, CALLED, LATER],
-                         ids=["automatic", "called", "finalizes-nothing"])
+@pytest.mark.parametrize(
+    "cells_", [AUTOMATIC, CALLED, LATER], ids=["automatic", "called", "finalizes-nothing"]
+)
 def test_where_the_package_releases_the_failure_is_raised_after_the_call_s_own_work(
-        cells_, no_dist):
+    cells_, no_dist
+):
     check(run(cells_, no_dist), cells_)
 
 

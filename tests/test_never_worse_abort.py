@@ -24,8 +24,11 @@ import pytest
 
 from conftest import EXPECT, MCORE, NVRX, lacks, last_json, needs_nvrx, run_codes, run_python
 
-pytestmark = [needs_nvrx, pytest.mark.worker,
-              pytest.mark.skipif(NVRX == "0.4.1", reason=lacks("has no close(abort=True)"))]
+pytestmark = [
+    needs_nvrx,
+    pytest.mark.worker,
+    pytest.mark.skipif(NVRX == "0.4.1", reason=lacks("has no close(abort=True)")),
+]
 
 BOUND = 15.0  # seconds an abort, and the call it ends, may take (NVRx alone: about 2 s here)
 SIGTERM_S = 2.0  # NVRx 0.6.0+'s sigterm_timeout: how long its abort waits for a stopped worker
@@ -38,7 +41,7 @@ PRELUDE = """
     from harness import gates, scenario
     from harness.stacks import in_frame
     from nvrx_ipc_fix.cli.driver import Watchdog
-    from nvrx_ipc_fix.worker.monitor import stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
     BOUND = {bound}
 
@@ -130,17 +133,26 @@ ONE_RANK = """
 
 def one_rank(where, how, fix, directory, impl="nvrx"):
     directory.mkdir()
-    code = textwrap.dedent(PRELUDE.format(
-        bound=BOUND, how=how, directory=str(directory), rank=0, world=1, impl=impl,
-        cached=impl == "nvrx", sigterm=SIGTERM_S)) + textwrap.dedent(ONE_RANK.format(
-            where=where))
+    code = textwrap.dedent(
+        PRELUDE.format(
+            bound=BOUND,
+            how=how,
+            directory=str(directory),
+            rank=0,
+            world=1,
+            impl=impl,
+            cached=impl == "nvrx",
+            sigterm=SIGTERM_S,
+        )
+    ) + textwrap.dedent(ONE_RANK.format(where=where))
     return run_python(code, fix=fix, timeout=4 * BOUND + 120)
 
 
 def hung(report, where):
     """What did not end within the bound: the abort, the first thread's call."""
     return ({"abort"} if report["abort_s"] is None else set()) | (
-        {"first"} if where != "idle" and report["first_s"] is None else set())
+        {"first"} if where != "idle" and report["first_s"] is None else set()
+    )
 
 
 def check_never_worse(where, with_fix, without, alone=("first",)):
@@ -152,17 +164,23 @@ def check_never_worse(where, with_fix, without, alone=("first",)):
         assert with_fix["raised"] == [] and without["next"] == 0, (with_fix, without)
     else:
         assert hung(without, where) == set(alone), without
-        error, = with_fix["raised"]  # one error, naming the abort
+        (error,) = with_fix["raised"]  # one error, naming the abort
         assert error["type"] == "CheckpointWorkerError", error
         assert "close(abort=True)" in error["message"] and "'aborter'" in error["message"]
         assert "was not saved" in error["message"], error
     assert with_fix["next"] == 0 and with_fix["pending"] == 0, with_fix  # the next save loads
 
 
-@pytest.mark.parametrize("where, how", [
-    ("finalize", "abort_nvrx_checkpoint"), ("finalize", "close"),
-    ("finalize", "close-finalizing"), ("schedule", "abort_nvrx_checkpoint"),
-    ("idle", "abort_nvrx_checkpoint")])
+@pytest.mark.parametrize(
+    "where, how",
+    [
+        ("finalize", "abort_nvrx_checkpoint"),
+        ("finalize", "close"),
+        ("finalize", "close-finalizing"),
+        ("schedule", "abort_nvrx_checkpoint"),
+        ("idle", "abort_nvrx_checkpoint"),
+    ],
+)
 def test_an_abort_from_another_thread_is_never_held_by_a_save(where, how, tmp_path):
     """``close-finalizing``: an abort inside which the queue's saves are polled (NVRx's
     close does not, a hook or another NVRx may): that poll does not wait for the lock the
@@ -232,18 +250,32 @@ def test_an_abort_between_a_saves_planning_and_its_schedule_is_not_held(tmp_path
     which names the worker's cache, reaches a fresh worker: that worker dies ("Worker cache
     miss"). With the package that save raises one ``CheckpointWorkerError`` and the next one
     loads; without it, its schedule waits for ever. The abort waits for neither."""
+
     def run(fix, directory):
         directory.mkdir()
-        return run_python(textwrap.dedent(PRELUDE.format(
-            bound=BOUND, how="abort_nvrx_checkpoint", directory=str(directory), rank=0,
-            world=1, impl="nvrx", cached=True, sigterm=SIGTERM_S)) + textwrap.dedent(PLANNED),
-            fix=fix, timeout=6 * BOUND + 120)
+        return run_python(
+            textwrap.dedent(
+                PRELUDE.format(
+                    bound=BOUND,
+                    how="abort_nvrx_checkpoint",
+                    directory=str(directory),
+                    rank=0,
+                    world=1,
+                    impl="nvrx",
+                    cached=True,
+                    sigterm=SIGTERM_S,
+                )
+            )
+            + textwrap.dedent(PLANNED),
+            fix=fix,
+            timeout=6 * BOUND + 120,
+        )
 
     with_fix, without = run(True, tmp_path / "with"), run(False, tmp_path / "without")
     assert without["abort_s"] is not None and without["first_s"] is None, without
     assert with_fix["abort_s"] is not None and with_fix["abort_s"] <= BOUND, with_fix
     assert with_fix["first_s"] is not None, with_fix
-    error, = with_fix["raised"]
+    (error,) = with_fix["raised"]
     assert error["type"] == "CheckpointWorkerError", error
     assert with_fix["next"] == 0 and with_fix["pending"] == 0, with_fix
 
@@ -288,10 +320,22 @@ def test_an_abort_while_a_suspended_worker_resumes_waits_for_the_resume_only(tmp
     under way, bounded by the release timeout, and nothing else; then it aborts the worker,
     and the next save starts a fresh one and loads."""
     (tmp_path / "with").mkdir()
-    report = run_python(textwrap.dedent(PRELUDE.format(
-        bound=BOUND, how="abort_nvrx_checkpoint", directory=str(tmp_path / "with"), rank=0,
-        world=1, impl="nvrx", cached=True, sigterm=SIGTERM_S)) + textwrap.dedent(SUSPENDED),
-        timeout=6 * BOUND + 120)
+    report = run_python(
+        textwrap.dedent(
+            PRELUDE.format(
+                bound=BOUND,
+                how="abort_nvrx_checkpoint",
+                directory=str(tmp_path / "with"),
+                rank=0,
+                world=1,
+                impl="nvrx",
+                cached=True,
+                sigterm=SIGTERM_S,
+            )
+        )
+        + textwrap.dedent(SUSPENDED),
+        timeout=6 * BOUND + 120,
+    )
     assert report["suspended"] and report["waited"], report
     assert report["abort_s"] is not None and report["abort_s"] <= BOUND, report
     assert report["next"] == 0, report
@@ -335,21 +379,34 @@ TWO_RANKS = """
 def test_an_abort_while_the_finalize_all_reduce_waits_for_a_peer_is_never_held(tmp_path):
     def run(fix, directory):
         directory.mkdir()
-        codes = [textwrap.dedent(PRELUDE.format(
-            bound=BOUND, how="abort_nvrx_checkpoint", directory=str(directory), rank=rank,
-            world=2, impl="nvrx", cached=True, sigterm=SIGTERM_S)) + textwrap.dedent(TWO_RANKS)
-            for rank in range(2)]
+        codes = [
+            textwrap.dedent(
+                PRELUDE.format(
+                    bound=BOUND,
+                    how="abort_nvrx_checkpoint",
+                    directory=str(directory),
+                    rank=rank,
+                    world=2,
+                    impl="nvrx",
+                    cached=True,
+                    sigterm=SIGTERM_S,
+                )
+            )
+            + textwrap.dedent(TWO_RANKS)
+            for rank in range(2)
+        ]
         reports = []
         for rc, out, err in run_codes(codes, fix=fix, timeout=6 * BOUND + 120):
             assert rc == 0, err[-3000:]
             reports.append(last_json(out))
         return reports
 
-    (with_fix, peer), (without, peer_without) = run(True, tmp_path / "with"), run(
-        False, tmp_path / "without")
+    (with_fix, peer), (without, peer_without) = (
+        run(True, tmp_path / "with"),
+        run(False, tmp_path / "without"),
+    )
     assert without["abort_s"] is not None and without["first_s"] is not None, without
     assert without["raised"] == [] and without["saved"] == peer_without["saved"] == 0
     assert with_fix["abort_s"] is not None and with_fix["abort_s"] <= BOUND, with_fix
     assert with_fix["first_s"] is not None, with_fix  # NVRx's own outcome: finalized
-    assert with_fix["raised"] == [] and with_fix["saved"] == peer["saved"] == 0, (
-        with_fix, peer)
+    assert with_fix["raised"] == [] and with_fix["saved"] == peer["saved"] == 0, (with_fix, peer)

@@ -29,7 +29,7 @@ import time
 import pytest
 
 from conftest import NVRX, needs_nvrx, run_python, scenario
-from nvrx_ipc_fix.worker.monitor import stat_fields
+from nvrx_ipc_fix.worker.guardian_process import stat_fields
 from test_orphans import Trainer, session
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
@@ -84,8 +84,9 @@ def _starts(directory):
 @pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
 @pytest.mark.parametrize("how", ["exits", "cannot-exec"])
 def test_a_guardian_that_cannot_start_is_started_once_and_said_once(tmp_path, how, fix):
-    report = run_python(CANNOT_START.format(executable=_interpreter(str(tmp_path), how)),
-                        fix=fix, timeout=300)
+    report = run_python(
+        CANNOT_START.format(executable=_interpreter(str(tmp_path), how)), fix=fix, timeout=300
+    )
     assert report["out"] == [0] * 4, report  # every save loads, both ways
     if not fix:
         assert report["warnings"] == [] and _starts(str(tmp_path)) == 0, report
@@ -135,8 +136,9 @@ def _stopped(pids):
 
 @pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
 def test_a_guardian_killed_in_the_middle_of_its_walk_leaves_nothing_stopped(tmp_path, fix):
-    one = Trainer(["save", "fault-hold-tree-async", "writing", "hold"], str(tmp_path), fix=fix,
-                  prelude=LOADS)
+    one = Trainer(
+        ["save", "fault-hold-tree-async", "writing", "hold"], str(tmp_path), fix=fix, prelude=LOADS
+    )
     try:
         state = one.reached()
         assert one.reached("loaded.json") == [[1, 0]], state  # the save before loads
@@ -176,5 +178,7 @@ def test_the_results_manager_killed_between_saves(fix):
     assert report["hang"] is None, report
     assert [call["error"] for call in report["calls"]] == [None] * 3, report["calls"]
     assert saved == [0] * 4, report
-    assert any("results-queue manager" in line["message"] and "died" in line["message"]
-               for line in report["log"]), report["log"]
+    assert any(
+        "results-queue manager" in line["message"] and "died" in line["message"]
+        for line in report["log"]
+    ), report["log"]

@@ -33,18 +33,24 @@ def job(tmp_path, steps, package=True, without=(), timeout=60, env=None, views=N
     package on every rank (``package``) but ``without``, or off on every rank; ``views``: a
     rank's ``StoreView``; each rank's report, with the end of its ``stderr``. A rank that did
     not report fails the test."""
-    codes = [textwrap.dedent(f"""
+    codes = []
+    for rank, mine in enumerate(steps):
+        view = (views or {}).get(rank)
+        args = dict(spec, rank=rank, world=len(steps), dir=str(tmp_path), steps=mine)
+        args.update(timeout=timeout, view=view)
+        codes.append(
+            textwrap.dedent(f"""
         import os, sys
         if {rank in without}:
             os.environ["NVRX_IPC_FIX_DISABLE"] = "1"  # read as the harness imports the package
         from harness import ranks
-        sys.exit(ranks.main({dict(spec, rank=rank, world=len(steps), dir=str(tmp_path),
-                                  steps=mine, timeout=timeout,
-                                  view=(views or {}).get(rank))!r}))
-    """) for rank, mine in enumerate(steps)]
+        sys.exit(ranks.main({args!r}))
+    """)
+        )
     reports = []
-    for rc, out, err in run_codes(codes, fix=package, env={**OLD_BOUND, **(env or {})},
-                                  timeout=2 * timeout + 60):
+    for rc, out, err in run_codes(
+        codes, fix=package, env={**OLD_BOUND, **(env or {})}, timeout=2 * timeout + 60
+    ):
         assert rc == 0, err[-3000:]
         reports.append(dict(last_json(out), stderr=err[-3000:]))
     return reports
@@ -78,8 +84,9 @@ def test_only_some_ranks_save(tmp_path):
     """Rank 0 alone saves a rank-local checkpoint (an EMA, RNG or data-loader state):
     planned in a group of its own, finalized with ``no_dist=True``; rank 1 saves nothing. No
     finalize makes NVRx's all-reduce, so nothing is checked and nothing waits."""
-    with_, _ = never_worse(run_dir(tmp_path, "some"), [["alone", "alone", "signal-done"],
-                                                       ["wait-done"]])
+    with_, _ = never_worse(
+        run_dir(tmp_path, "some"), [["alone", "alone", "signal-done"], ["wait-done"]]
+    )
     assert loaded(with_[0]) == {"alone1", "alone2"}
 
 
@@ -90,16 +97,18 @@ def test_a_new_group_on_the_same_store(tmp_path):
     with_, _ = never_worse(run_dir(tmp_path, "regroup"), [steps, steps], store="tcp")
     for report in with_:
         assert loaded(report) == {"save1", "save2"}
-        assert all(p.startswith("every one of 2 ranks runs the package") for p in
-                   report["peers"]), report["peers"]
+        assert all(
+            p.startswith("every one of 2 ranks runs the package") for p in report["peers"]
+        ), report["peers"]
 
 
 @pytest.mark.parametrize("view", [{"fail": 1}, {"delay": 2.0}], ids=["fails-once", "slow"])
 def test_a_store_that_fails_once_or_is_slow(tmp_path, view):
     """Rank 1's first store call for the check fails once (retried), or each of its calls
     takes two seconds: every rank runs the package, and says so."""
-    with_, _ = never_worse(run_dir(tmp_path, "store"), [["save", "save", "status"]] * 2,
-                           views={1: view})
+    with_, _ = never_worse(
+        run_dir(tmp_path, "store"), [["save", "save", "status"]] * 2, views={1: view}
+    )
     for report in with_:
         assert loaded(report) == {"save1", "save2"}
         assert report["peers"][0].startswith("every one of 2 ranks runs the package"), report
@@ -112,8 +121,10 @@ def test_ranks_whose_first_saves_are_far_apart(tmp_path):
     NVRx alone (0008e45 waited at its schedule for rank 1's word: up to the bound, then
     named rank 1); in the save of every rank, rank 0 waits in NVRx's planning for rank 1, as
     NVRx does."""
-    with_, _ = never_worse(run_dir(tmp_path, "apart"), [
-        ["alone", "signal-first", "save"], ["wait-first", f"sleep-{GAP_S}", "save"]])
+    with_, _ = never_worse(
+        run_dir(tmp_path, "apart"),
+        [["alone", "signal-first", "save"], ["wait-first", f"sleep-{GAP_S}", "save"]],
+    )
     assert loaded(with_[0]) == {"alone1", "save1"} and loaded(with_[1]) == {"save1"}
 
 
@@ -129,7 +140,7 @@ def test_a_rank_without_the_package_is_named_once_and_every_save_loads(tmp_path)
     for report, reference in zip(mine, alone):
         assert report["hang"] is None, report
         assert loaded(report) == loaded(reference) == {"save1", "save2"}, report["saves"]
-    error, = mine[0]["errors"]
+    (error,) = mine[0]["errors"]
     assert error["type"] == "RanksWithoutPackageError", error
     assert (error["phase"], error["save"], error["ranks"]) == ("finalize", "save1", [1]), error
     assert error["message"].startswith("rank 0: rank 1 of 2 does not run nvrx-ipc-fix"), error

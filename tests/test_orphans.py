@@ -41,7 +41,7 @@ PRELUDE = """
     import json, os, signal, sys, time
     import nvrx_ipc_fix
     from harness import scenario as _s
-    from nvrx_ipc_fix.worker.monitor import stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
     _out = os.environ["ORPHANS_DIR"]
 
@@ -160,32 +160,45 @@ class Trainer:
     """The harness's trainer running ``steps`` (ending in ``hold``) in a session of its own: a
     child of the zygote where that stands for a fresh interpreter, else a fresh one."""
 
-    def __init__(self, steps, directory, env=None, prelude="", fix=True, impl="nvrx",
-                 tensors=8, numel=512):
+    def __init__(
+        self, steps, directory, env=None, prelude="", fix=True, impl="nvrx", tensors=8, numel=512
+    ):
         self.directory = directory
         env = {**(env or {}), "ORPHANS_DIR": directory}
-        code = textwrap.dedent(PRELUDE) + textwrap.dedent(prelude) + textwrap.dedent(f"""
+        code = (
+            textwrap.dedent(PRELUDE)
+            + textwrap.dedent(prelude)
+            + textwrap.dedent(f"""
             import tempfile
             _s.run({list(steps)!r}, tempfile.mkdtemp(), timeout=600, n_tensors={tensors},
                    numel={numel}, starts={"spawn" if GPU else "forkserver"!r}, impl={impl!r})
         """)
+        )
         self.err = os.path.join(directory, "stderr")
         self.proc = None
         if _forkable(fix, False, env):
-            self.pid = _the_zygote().start(code, _env(fix, False, env),
-                                           os.path.join(directory, "stdout"), self.err)
+            self.pid = _the_zygote().start(
+                code, _env(fix, False, env), os.path.join(directory, "stdout"), self.err
+            )
         else:
             with open(self.err, "w") as err:
-                self.proc = subprocess.Popen([sys.executable, "-c", code],
-                                             env=_env(fix, False, env), stderr=err,
-                                             stdout=subprocess.DEVNULL, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", code],
+                    env=_env(fix, False, env),
+                    stderr=err,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             self.pid = self.proc.pid
         self.exit = None
 
     def _exited(self, timeout):
         if self.exit is None:
-            self.exit = (_the_zygote().wait(self.pid, timeout) if self.proc is None else
-                         _wait(self.proc, timeout))
+            self.exit = (
+                _the_zygote().wait(self.pid, timeout)
+                if self.proc is None
+                else _wait(self.proc, timeout)
+            )
         return self.exit
 
     def reached(self, name="state.json", timeout=REACH):
@@ -196,8 +209,9 @@ class Trainer:
             ended = self._exited(0.1) is not None or time.monotonic() > deadline
             if ended and not os.path.exists(path):  # looked again after the end
                 with open(self.err) as err:
-                    pytest.fail(f"the trainer never wrote {name} (exit {self.exit})\n"
-                                f"{err.read()[-3000:]}")
+                    pytest.fail(
+                        f"the trainer never wrote {name} (exit {self.exit})\n{err.read()[-3000:]}"
+                    )
         with open(path) as found:
             return json.load(found)
 
@@ -286,9 +300,19 @@ def test_a_worker_busy_writing_goes_with_the_trainer(trainer):
 @pytest.mark.worker
 def test_the_standby_and_its_forked_worker_go_with_the_trainer(trainer):
     """After a ``restart`` release and onload: the worker is forked from the standby."""
-    one = trainer(["save", "offloading-restart", "standby", "ready", "save",
-                   "offloading-restart", "ready", "hold"],
-                  env={"NVRX_IPC_FIX_STANDBY": "on"})
+    one = trainer(
+        [
+            "save",
+            "offloading-restart",
+            "standby",
+            "ready",
+            "save",
+            "offloading-restart",
+            "ready",
+            "hold",
+        ],
+        env={"NVRX_IPC_FIX_STANDBY": "on"},
+    )
     state = one.reached()
     assert state["standby"] and state["worker_proc"][1] == state["standby"], state
     assert killed(one) == {}
@@ -296,9 +320,11 @@ def test_the_standby_and_its_forked_worker_go_with_the_trainer(trainer):
 
 @needs_cache
 @pytest.mark.worker
-@pytest.mark.parametrize("steps, proc", [(["suspend"], "T"),
-                                         (["offloading-suspend", "resumed"], "S")],
-                         ids=["suspended", "resumed-at-the-onload"])
+@pytest.mark.parametrize(
+    "steps, proc",
+    [(["suspend"], "T"), (["offloading-suspend", "resumed"], "S")],
+    ids=["suspended", "resumed-at-the-onload"],
+)
 def test_a_suspended_worker_goes_with_the_trainer(trainer, steps, proc):
     """Suspended through the driver's stand-in (its lock stops the worker, SIGSTOP), and
     after a ``suspend`` release and onload."""
@@ -332,8 +358,9 @@ def test_nvrx_s_process_of_a_save_in_flight_goes_with_the_trainer(trainer):
 @pytest.mark.skipif(MCORE is None, reason="megatron-core is not installed here")
 @pytest.mark.mcore
 @pytest.mark.worker
-@pytest.mark.parametrize("steps", [["save"], ["save", "fault-hold-async", "writing"]],
-                         ids=["idle", "writing"])
+@pytest.mark.parametrize(
+    "steps", [["save"], ["save", "fault-hold-async", "writing"]], ids=["idle", "writing"]
+)
 def test_megatron_core_s_worker_goes_with_the_trainer(trainer, steps):
     """megatron-core's own worker, on its classes (forked from the trainer on the CPU)."""
     one = trainer([*steps, "hold"], impl="mcore")
@@ -370,8 +397,11 @@ def test_a_ctrl_c_to_the_process_group_leaves_the_guardian(trainer):
 def test_a_clean_exit_leaves_nothing_and_resumes_a_suspended_worker_first(trainer):
     """The guardian sees the exit too; the exit handlers stopped the workers (a suspended
     one resumed first: else multiprocessing's join at exit would wait on it for ever)."""
-    steps = ["driver", "save", "suspend", "note", "exit"] if expect_cache() else [
-        "save", "note", "exit"]
+    steps = (
+        ["driver", "save", "suspend", "note", "exit"]
+        if expect_cache()
+        else ["save", "note", "exit"]
+    )
     one = trainer(steps)
     note = one.reached("note.json")
     guarding(note, 2)
@@ -541,8 +571,9 @@ def test_a_pid_that_names_another_process_by_now_is_not_guarded():
         guarded.read(f"{sleeper.pid} {start + 1}\n".encode())
         assert guarded.fds == {}
         guarded.read(f"{sleeper.pid} {start}\n{sleeper.pid + 1}".encode())  # and a partial line
-        assert list(guarded.fds) == [sleeper.pid] and guarded.pending == str(
-            sleeper.pid + 1).encode()
+        assert (
+            list(guarded.fds) == [sleeper.pid] and guarded.pending == str(sleeper.pid + 1).encode()
+        )
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -556,6 +587,7 @@ def test_no_module_beside_the_guardian_s_program_shadows_the_standard_library():
     import importlib.util
 
     package = importlib.util.find_spec("nvrx_ipc_fix").submodule_search_locations[0]
-    names = {name[:-3] for name in os.listdir(os.path.join(package, "worker"))
-             if name.endswith(".py")}
+    names = {
+        name[:-3] for name in os.listdir(os.path.join(package, "worker")) if name.endswith(".py")
+    }
     assert names and sorted(names & set(sys.stdlib_module_names)) == []

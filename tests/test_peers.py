@@ -26,12 +26,16 @@ def test_a_rank_without_the_package_is_named_once_and_the_job_ends(tmp_path):
     doctor, from its first finalize, once NVRx's finalize of that save is done (it loads),
     and leaves, as a trainer that does not catch it. Rank 1 (without it) goes on to its next
     save, whose planning fails once rank 0's process is gone, as with NVRx alone."""
-    first, other = job(tmp_path, [["save", "status", "save"], ["save", "save"]], without=(1,),
-                       stop_on_error=True)
+    first, other = job(
+        tmp_path, [["save", "status", "save"], ["save", "save"]], without=(1,), stop_on_error=True
+    )
     assert first["hang"] is None and other["hang"] is None, (first, other)
-    error, = first["errors"]
+    (error,) = first["errors"]
     assert (error["type"], error["phase"], error["save"]) == (
-        "RanksWithoutPackageError", "finalize", "save1"), error
+        "RanksWithoutPackageError",
+        "finalize",
+        "save1",
+    ), error
     assert error["message"].startswith("rank 0: rank 1 of 2 does not run nvrx-ipc-fix"), error
     assert "`python -m nvrx_ipc_fix doctor`" in error["text"], error
     assert error["ranks"] == [1] and len(error["finalized"]) == 1, error  # NVRx's index
@@ -41,8 +45,7 @@ def test_a_rank_without_the_package_is_named_once_and_the_job_ends(tmp_path):
         assert [e["save"] for e in other["errors"]] == ["save2"], other["errors"]
 
 
-def test_the_check_costs_the_first_finalize_only_and_a_new_group_starts_clean(
-        tmp_path, capsys):
+def test_the_check_costs_the_first_finalize_only_and_a_new_group_starts_clean(tmp_path, capsys):
     """Every rank runs the package: no error, every save loads. The store calls are made in
     the first save's finalize only (``StoreView`` counts them), none after; a new default
     group on the same store is checked afresh."""
@@ -67,13 +70,22 @@ def test_a_new_group_where_a_rank_dropped_the_package_names_it(tmp_path):
     and rank 1 turns the package off in between: the first group's keys are gone, so rank 0
     names rank 1 at the new group's first finalize (0008e45 found the first group's word
     and passed). Every save loads."""
-    reports = job(tmp_path, [["save", "regroup", "save", "save", "status"],
-                             ["save", "regroup", "deactivate", "save", "save"]], store="tcp")
+    reports = job(
+        tmp_path,
+        [
+            ["save", "regroup", "save", "save", "status"],
+            ["save", "regroup", "deactivate", "save", "save"],
+        ],
+        store="tcp",
+    )
     for report in reports:
         assert report["hang"] is None and loaded(report) == {"save1", "save2", "save3"}, report
-    error, = reports[0]["errors"]
+    (error,) = reports[0]["errors"]
     assert (error["type"], error["save"], error["ranks"]) == (
-        "RanksWithoutPackageError", "save2", [1]), error
+        "RanksWithoutPackageError",
+        "save2",
+        [1],
+    ), error
     assert reports[1]["errors"] == []
 
 
@@ -81,8 +93,11 @@ def test_saves_of_a_rank_alone_make_no_store_call(tmp_path):
     """Rank 0 saves alone (planned in a group of its own, ``no_dist=True``), rank 1 saves
     nothing: no finalize makes NVRx's all-reduce, so no store call is made and nothing is
     checked."""
-    reports = job(tmp_path, [["alone", "alone", "status", "signal-done"],
-                             ["wait-done", "status"]], views={0: {}, 1: {}})
+    reports = job(
+        tmp_path,
+        [["alone", "alone", "status", "signal-done"], ["wait-done", "status"]],
+        views={0: {}, 1: {}},
+    )
     for report in reports:
         assert report["hang"] is None and report["errors"] == [], report
         assert set(report["views"]) == {0}, report["views"]
@@ -93,8 +108,9 @@ def test_saves_of_a_rank_alone_make_no_store_call(tmp_path):
 def test_where_the_store_cannot_be_reached_the_check_cannot_tell_and_nvrx_goes_on(tmp_path):
     """A torch without ``distributed_c10d._get_default_store``: one warning a rank,
     ``status()`` says why, every save loads."""
-    for report in job(tmp_path, [["save", "save", "status"]] * 2,
-                      views={0: {"gone": True}, 1: {"gone": True}}):
+    for report in job(
+        tmp_path, [["save", "save", "status"]] * 2, views={0: {"gone": True}, 1: {"gone": True}}
+    ):
         assert report["hang"] is None and report["errors"] == [], report
         assert loaded(report) == {"save1", "save2"}
         assert report["peers"][0].startswith(f"{UNSURE} (AttributeError"), report["peers"]
@@ -113,7 +129,7 @@ def test_a_rank_whose_word_could_not_be_stored_makes_every_rank_unsure(tmp_path)
 
 
 def test_one_rank_makes_no_check(tmp_path):
-    report, = job(tmp_path, [["save", "save", "status"]], views={0: {}})
+    (report,) = job(tmp_path, [["save", "save", "status"]], views={0: {}})
     assert report["hang"] is None and report["errors"] == [], report
     assert loaded(report) == {"save1", "save2"} and set(report["views"]) == {0}
     assert report["peers"][0].startswith("not checked yet"), report["peers"]

@@ -13,12 +13,31 @@ pytestmark = [needs_warmup, pytest.mark.worker]  # every test here starts real w
 
 # One trainer through start-up prewarm, restart at an offload, prewarm at the onload,
 # offloading(strategy="restart"), a prewarm stopped while it starts, and flush left alone.
-STEPS = ["ready", "save", "save", "prewarm",  # start-up prewarm; a second start refused
-         "restart", "measure", "offload", "onload", "prewarm", "prewarm", "ready", "save",
-         "probe",
-         "offloading-restart", "ready", "save",
-         "terminate", "prewarm", "restart", "measure",  # stopped while it starts
-         "prewarm", "flush", "save"]  # flush: it has had no save, nothing to release
+STEPS = [
+    "ready",
+    "save",
+    "save",
+    "prewarm",  # start-up prewarm; a second start refused
+    "restart",
+    "measure",
+    "offload",
+    "onload",
+    "prewarm",
+    "prewarm",
+    "ready",
+    "save",
+    "probe",
+    "offloading-restart",
+    "ready",
+    "save",
+    "terminate",
+    "prewarm",
+    "restart",
+    "measure",  # stopped while it starts
+    "prewarm",
+    "flush",
+    "save",
+]  # flush: it has had no save, nothing to release
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +148,19 @@ def test_flush_leaves_a_worker_that_has_had_no_save_alone(prewarmed):
 
 # A prewarmed worker killed while it starts, a used one killed while idle (the worker
 # watch's error), a prewarmed one killed after it was ready, each followed by saves.
-FALLBACK = ["prewarm", "kill-worker", "save", "fault-idle", "save",
-            "restart", "prewarm", "ready", "kill-worker", "save", "save"]
+FALLBACK = [
+    "prewarm",
+    "kill-worker",
+    "save",
+    "fault-idle",
+    "save",
+    "restart",
+    "prewarm",
+    "ready",
+    "kill-worker",
+    "save",
+    "save",
+]
 
 
 @pytest.fixture(scope="module")
@@ -148,15 +178,17 @@ def test_a_failed_prewarm_is_reported_and_the_save_starts_a_fresh_worker(fell_ba
     assert after["worker_before"] == ready["pid"] != after["worker"]
     messages = [entry["message"] for entry in fell_back["log"]]
     assert [entry["level"] for entry in fell_back["log"]] == ["WARNING", "WARNING"], messages
-    assert f"worker (pid {starting['pid']}) died before it was ready (killed by SIGKILL)" in \
-        messages[0]
+    assert (
+        f"worker (pid {starting['pid']}) died before it was ready (killed by SIGKILL)"
+        in messages[0]
+    )
     assert f"(pid {ready['pid']}) died after it was ready, before its first save" in messages[1]
     assert all("the next save starts a fresh worker" in m for m in messages)
     assert fell_back["prewarm_failures"] == 2
 
 
 def test_a_used_worker_that_dies_is_still_the_watch_s_error(fell_back):
-    fault, = fell_back["faults"]
+    (fault,) = fell_back["faults"]
     assert fault["error"]["type"] == "CheckpointWorkerError"
     assert "while idle" in fault["error"]["message"] and fault["raised_in"] == "finalize"
 
@@ -258,12 +290,17 @@ def test_prewarm_refuses_what_is_not_a_queue(edges):
 def test_prewarm_says_why_it_started_nothing(edges):
     assert edges["no_nvrx"] == ["all: NVRx is not imported"]
     assert edges["no_queue"] == ["queues: no live AsyncCallsQueue"]
-    assert edges["no_dist"][0].endswith("torch.distributed is not initialized: the worker's "
-                                        "rank, hence its device, is not known yet")
+    assert edges["no_dist"][0].endswith(
+        "torch.distributed is not initialized: the worker's "
+        "rank, hence its device, is not known yet"
+    )
     assert not edges["early_slot"]  # NVRX_IPC_FIX_PREWARM=start waited for it too
     assert edges["temporal"][0].endswith("not persistent (NVRx starts a process for each save)")
-    assert edges["after_deactivate"] == edges["disabled"] == [
-        "all: the prewarm fix is not active (see nvrx_ipc_fix.status())"]
+    assert (
+        edges["after_deactivate"]
+        == edges["disabled"]
+        == ["all: the prewarm fix is not active (see nvrx_ipc_fix.status())"]
+    )
     assert edges["state"] == "disabled"
 
 
@@ -274,13 +311,14 @@ def test_prewarm_from_several_threads_starts_one_worker(edges):
 def test_start_up_prewarm_fills_nvrx_s_warm_up_slot_once(edges):
     assert edges["late_slot"] and edges["warm_up_not_doubled"]
     assert edges["late_again"][0].endswith(
-        f"the prewarmed worker in NVRx's warm-up slot (pid {edges['late_slot']}) is starting")
+        f"the prewarmed worker in NVRx's warm-up slot (pid {edges['late_slot']}) is starting"
+    )
 
 
 def test_start_up_prewarm_is_nvrx_s_own_warm_up_called_once(edges):
     """Wrap, never re-implement: NVRx's ``warmup_persistent_caller``, with the queue's
     settings, not a copy of it."""
-    (args, kwargs, rank), = edges["warm_ups"]
+    ((args, kwargs, rank),) = edges["warm_ups"]
     assert (args[:1] or [rank]) == [0] and kwargs["cpu_shm_mode"] is True, edges["warm_ups"]
 
 
@@ -293,7 +331,8 @@ def test_restart_stops_the_unused_worker_and_prewarms_only_after_a_normal_block(
 def test_prewarm_setting_values(edges):
     assert edges["env"] == [False, False, False, False, True, True, True, False, False]
     assert edges["env_warnings"] == [
-        "nvrx_ipc_fix: NVRX_IPC_FIX_PREWARM='sometimes' is not start or off; using off"]
+        "nvrx_ipc_fix: NVRX_IPC_FIX_PREWARM='sometimes' is not start or off; using off"
+    ]
 
 
 INTERRUPTED = """

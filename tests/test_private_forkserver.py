@@ -16,7 +16,8 @@ def test_the_standby_leaves_the_user_s_forkserver_and_default_context_alone():
     Without NVRx the standby's probe finds torch and NVRx missing; it is started all the same,
     as where NVRx is installed (before: it was multiprocessing's forkserver, so the user's
     forkserver child came from it, with the package imported and the old environment)."""
-    seen = run_python(f"""
+    seen = run_python(
+        f"""
         import json, multiprocessing, os, threading
         from multiprocessing import forkserver
         from nvrx_ipc_fix.worker import standby
@@ -35,7 +36,9 @@ def test_the_standby_leaves_the_user_s_forkserver_and_default_context_alone():
                           "forkserver": start(multiprocessing.get_context("forkserver"), "LATE"),
                           "default": start(multiprocessing.get_context(), "LATE"),
                           "preload": forkserver._forkserver._preload_modules}}))
-    """, timeout=200)
+    """,
+        timeout=200,
+    )
     assert seen["standby"] is not None and seen["method_kept"], seen
     child = seen["forkserver"]
     assert child["answered"] and child["exitcode"] == 0, child

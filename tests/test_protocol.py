@@ -79,6 +79,7 @@ def test_each_call_runs_its_steps_in_the_table_s_order_inside_its_region():
             assert runs == steps * (len(runs) // len(steps)), (name, runs)
         if region in ("queue", "schedule", "close"):
             assert all(held for _, called, held in seen["ran"] if called == function), name
-    schedule = [fix for fix, called, _ in seen["ran"]
-                if called == "AsyncCallsQueue.schedule_async_request"]
+    schedule = [
+        fix for fix, called, _ in seen["ran"] if called == "AsyncCallsQueue.schedule_async_request"
+    ]
     assert len(schedule) >= 2 and schedule[-1] == "worker_watch"

@@ -26,8 +26,11 @@ from conftest import pth_installed, run_process, run_python, uv
 try:
     metadata.version("ray")  # not importorskip: a ray/ directory in the cwd would import
 except metadata.PackageNotFoundError:
-    pytest.skip("Ray is not installed here; the py311-ray-wrapt2 tox env installs it "
-                "(requirements/ray.txt)", allow_module_level=True)
+    pytest.skip(
+        "Ray is not installed here; the py311-ray-wrapt2 tox env installs it "
+        "(requirements/ray.txt)",
+        allow_module_level=True,
+    )
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIREMENTS = ROOT / "requirements"
@@ -78,10 +81,23 @@ def actor_python(tmp_path_factory):
     venv = tmp_path_factory.mktemp("actor") / "mcore"
     uv("venv", "--quiet", "--python", sys.executable, str(venv))
     python = str(venv / "bin" / "python")
-    uv("pip", "install", "--quiet", "--python", python, "-r", str(REQUIREMENTS / "ray.txt"),
-       "-r", str(REQUIREMENTS / "torch-cpu.txt"), "-r", str(REQUIREMENTS / "nvrx-deps.txt"))
-    rc, out, err = run_process([sys.executable, str(REQUIREMENTS / "install_wheel.py"),
-                                "--python", python, NVRX], timeout=300)
+    uv(
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        python,
+        "-r",
+        str(REQUIREMENTS / "ray.txt"),
+        "-r",
+        str(REQUIREMENTS / "torch-cpu.txt"),
+        "-r",
+        str(REQUIREMENTS / "nvrx-deps.txt"),
+    )
+    rc, out, err = run_process(
+        [sys.executable, str(REQUIREMENTS / "install_wheel.py"), "--python", python, NVRX],
+        timeout=300,
+    )
     assert rc == 0, err
     rc, out, err = run_process([python, "-c", "import wrapt"])
     assert rc == 1 and "No module named 'wrapt'" in err  # only the bundle can bring it
@@ -159,31 +175,41 @@ JOB = """
 
 def job(python, body, runtime_env="{}", env=None, timeout=540):
     """Run JOB; its result (Ray also prints a dead worker's errors to the driver's stdout)."""
-    code = JOB.format(python=python, runtime_env=runtime_env,
-                      body=textwrap.indent(textwrap.dedent(body), " " * 8))
-    rc, out, err = run_process([sys.executable, "-c", textwrap.dedent(code)], auto=True,
-                               env=env, timeout=timeout)
+    code = JOB.format(
+        python=python, runtime_env=runtime_env, body=textwrap.indent(textwrap.dedent(body), " " * 8)
+    )
+    rc, out, err = run_process(
+        [sys.executable, "-c", textwrap.dedent(code)], auto=True, env=env, timeout=timeout
+    )
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
     return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
 
 
 def test_the_string_hook_kills_an_actor_whose_environment_lacks_the_package(actor_python):
     """What the README's Ray recipe used to do to NeMo RL's Megatron workers."""
-    seen = job(actor_python, """
+    seen = job(
+        actor_python,
+        """
         try:
             ray.get(start().report.remote(), timeout=240)
             result["died"] = None
         except ray.exceptions.ActorDiedError as exc:
             result["died"] = str(exc)
-    """, runtime_env='{"worker_process_setup_hook": "nvrx_ipc_fix.ray_worker_setup"}')
+    """,
+        runtime_env='{"worker_process_setup_hook": "nvrx_ipc_fix.ray_worker_setup"}',
+    )
     assert seen["died"] and "Failed to execute the setup hook" in seen["died"]
     assert "No module named 'nvrx_ipc_fix'" in seen["died"]
 
 
 def test_ray_runtime_env_hook_leaves_such_an_actor_running_and_says_why(actor_python):
-    seen = job(actor_python, """
+    seen = job(
+        actor_python,
+        """
         result.update(ray.get(start().report.remote(), timeout=240))
-    """, runtime_env="nvrx_ipc_fix.ray_runtime_env()")
+    """,
+        runtime_env="nvrx_ipc_fix.ray_runtime_env()",
+    )
     assert seen["python"] == actor_python and not seen["imported"]
     assert "nvrx_ipc_fix: not importable in this Ray worker" in seen["stderr"]
     assert f"doctor --python {actor_python}" in seen["stderr"]
@@ -196,8 +222,11 @@ def test_ray_runtime_env_keeps_what_it_is_given_and_passes_settings_on(monkeypat
     monkeypatch.setenv("NVRX_IPC_FIX_STRATEGY", "terminate")
     given = {"env_vars": {"NVRX_IPC_FIX_RELEASE": "never", "A": "1"}, "pip": ["x"]}
     env = nvrx_ipc_fix.ray_runtime_env(given)
-    assert env["env_vars"] == {"NVRX_IPC_FIX_RELEASE": "never", "A": "1",
-                               "NVRX_IPC_FIX_STRATEGY": "terminate"}
+    assert env["env_vars"] == {
+        "NVRX_IPC_FIX_RELEASE": "never",
+        "A": "1",
+        "NVRX_IPC_FIX_STRATEGY": "terminate",
+    }
     assert env["pip"] == ["x"] and callable(env["worker_process_setup_hook"])
     assert given == {"env_vars": {"NVRX_IPC_FIX_RELEASE": "never", "A": "1"}, "pip": ["x"]}
     for hook in (1, b"nvrx_ipc_fix.ray_worker_setup"):
@@ -209,10 +238,15 @@ def test_ray_runtime_env_keeps_what_it_is_given_and_passes_settings_on(monkeypat
 def test_ray_runtime_env_hook_activates_and_chains_an_existing_hook(tmp_path, theirs):
     mark = tmp_path / "mark"
     (tmp_path / "their_hook.py").write_text(
-        f"def setup():\n    open({str(mark)!r}, 'a').write('theirs\\n')\n")
-    hook = (f"lambda: open({str(mark)!r}, 'a').write('theirs\\n')" if theirs == "lambda"
-            else "'their_hook.setup'")
-    seen = run_python(f"""
+        f"def setup():\n    open({str(mark)!r}, 'a').write('theirs\\n')\n"
+    )
+    hook = (
+        f"lambda: open({str(mark)!r}, 'a').write('theirs\\n')"
+        if theirs == "lambda"
+        else "'their_hook.setup'"
+    )
+    seen = run_python(
+        f"""
         import json, sys, ray, nvrx_ipc_fix
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
                  runtime_env=nvrx_ipc_fix.ray_runtime_env({{
@@ -227,7 +261,10 @@ def test_ray_runtime_env_hook_activates_and_chains_an_existing_hook(tmp_path, th
             print(json.dumps(ray.get(probe.remote(), timeout=240)))
         finally:
             ray.shutdown()
-    """, auto=True, timeout=540)
+    """,
+        auto=True,
+        timeout=540,
+    )
     assert seen == {"source": "ray-hook", "requested_by": ["ray-hook"]}
     assert mark.read_text().splitlines()[:1] == ["theirs"]
 
@@ -241,12 +278,15 @@ def bundle(tmp_path_factory):
 
 
 def test_nemo_rl_recipe_a_bundle_on_pythonpath_fixes_the_real_worker_in_a_uv_venv_actor(
-        actor_python, bundle):
+    actor_python, bundle
+):
     """The README's NeMo RL recipe: PYTHONPATH exported before the job starts reaches every
     actor through the driver environment NeMo RL passes on (virtual_cluster.init_ray,
     RayWorkerGroup). Both fixes hold on NVRx 0.6.0's real worker inside the actor; the same
     actor with the package off writes stale checkpoints."""
-    seen = job(actor_python, """
+    seen = job(
+        actor_python,
+        """
         fixed = start()
         result["replace"] = ray.get(fixed.report.remote("save,save,replace,save".split(",")),
                                     timeout=300)
@@ -255,8 +295,10 @@ def test_nemo_rl_recipe_a_bundle_on_pythonpath_fixes_the_real_worker_in_a_uv_ven
         off = start(NVRX_IPC_FIX_DISABLE="1")
         result["off"] = ray.get(off.report.remote("save,save,replace,save".split(",")),
                                 timeout=300)
-    """, runtime_env="{'env_vars': dict(os.environ)}",  # NeMo RL's init_ray
-        env={"PYTHONPATH": bundle})
+    """,
+        runtime_env="{'env_vars': dict(os.environ)}",  # NeMo RL's init_ray
+        env={"PYTHONPATH": bundle},
+    )
     for case in ("replace", "close"):
         seen_case = seen[case]
         assert seen_case["python"] == actor_python and seen_case["source"] == "sitecustomize"
@@ -277,14 +319,19 @@ def test_nemo_rl_recipe_a_bundle_on_pythonpath_fixes_the_real_worker_in_a_uv_ven
 
 
 def test_doctor_python_checks_the_actor_interpreter_with_and_without_the_bundle(
-        actor_python, bundle):
-    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor", "--python",
-                                actor_python], auto=True)
+    actor_python, bundle
+):
+    rc, out, err = run_process(
+        [sys.executable, "-m", "nvrx_ipc_fix", "doctor", "--python", actor_python], auto=True
+    )
     assert rc == 1, out + err
     assert f"FAIL  package: nvrx_ipc_fix is not importable by {actor_python}" in out
     assert "result: NVRx 0.6.0 needs the fix" in out and "bundle DIR" in out
-    rc, out, err = run_process([sys.executable, "-m", "nvrx_ipc_fix", "doctor", "--python",
-                                actor_python], auto=True, env={"PYTHONPATH": bundle})
+    rc, out, err = run_process(
+        [sys.executable, "-m", "nvrx_ipc_fix", "doctor", "--python", actor_python],
+        auto=True,
+        env={"PYTHONPATH": bundle},
+    )
     assert rc == 0, out + err
     assert "ok    activation: active, source sitecustomize" in out
     assert "ok    fix clear_on_close: active" in out and "ok    fix stale_guard: active" in out

@@ -22,8 +22,21 @@ def test_without_release_the_worker_keeps_the_old_storage_mapped():
 
 
 # One run covers flush, a pending save finalized by release, and terminate.
-STEPS = ["save", "save", "probe", "flush", "probe", "replace", "save", "probe",
-         "save-async", "terminate", "replace", "save", "probe"]
+STEPS = [
+    "save",
+    "save",
+    "probe",
+    "flush",
+    "probe",
+    "replace",
+    "save",
+    "probe",
+    "save-async",
+    "terminate",
+    "replace",
+    "save",
+    "probe",
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +79,10 @@ def test_nothing_stale_and_no_hang_around_releases(released):
 def test_two_ranks_release_in_the_same_order(tmp_path):
     """gloo on CPU: a pending save is finalized collectively inside release(); each rank
     prewarms its own worker after a restart."""
-    steps = ("save,save,save-async,flush,replace,save,terminate,replace,save,"
-             "save-async,restart,replace,prewarm,ready,save")
+    steps = (
+        "save,save,save-async,flush,replace,save,terminate,replace,save,"
+        "save-async,restart,replace,prewarm,ready,save"
+    )
     reports = scenario_ranks(steps, tmp_path)
     for report in reports:
         assert report["hang"] is None
@@ -80,7 +95,8 @@ def test_two_ranks_release_in_the_same_order(tmp_path):
 @needs_cache
 @pytest.mark.worker
 def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
-    result = run_python("""
+    result = run_python(
+        """
         import json, tempfile, time
         import nvrx_ipc_fix
         from harness import scenario
@@ -99,7 +115,9 @@ def test_a_worker_that_does_not_answer_is_terminated_not_waited_for():
             t.close()  # NVRx 0.6.0 hangs at exit after an abort without this, fix or not
             print(json.dumps({"error": report.error, "took": took,
                               "terminated": report.worker_terminated, "stale_after": stale}))
-    """, timeout=240)
+    """,
+        timeout=240,
+    )
     assert "did not answer within 2 s and was terminated" in result["error"]
     assert result["terminated"] and result["took"] < 45
     assert result["stale_after"] == 0
@@ -116,16 +134,25 @@ def test_bad_strategy_and_no_nvrx():
         print(json.dumps({"error": error, "skipped": list(report.skipped),
                           "released": report.queues_released, "freed": report.freed_bytes}))
     """)
-    assert result["error"] == ("strategy must be one of flush, terminate, restart, suspend, "
-                               "not 'kill'")
+    assert result["error"] == (
+        "strategy must be one of flush, terminate, restart, suspend, not 'kill'"
+    )
     assert result["skipped"] == ["all: NVRx is not imported"]
     assert result["released"] == 0 and result["freed"] == 0
 
 
 def test_invalid_strategy_env_warns_once_and_uses_flush():
-    rc, out, err = run_process([sys.executable, "-c", (
-        "import nvrx_ipc_fix; print(nvrx_ipc_fix.release().strategy, "
-        "nvrx_ipc_fix.release().strategy)")], env={"NVRX_IPC_FIX_STRATEGY": "nuke"})
+    rc, out, err = run_process(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import nvrx_ipc_fix; print(nvrx_ipc_fix.release().strategy, "
+                "nvrx_ipc_fix.release().strategy)"
+            ),
+        ],
+        env={"NVRX_IPC_FIX_STRATEGY": "nuke"},
+    )
     assert rc == 0 and out.split() == ["flush", "flush"]
     assert err.count("NVRX_IPC_FIX_STRATEGY='nuke' is not one of flush, terminate, restart") == 1
 
@@ -144,8 +171,10 @@ def test_release_with_no_queue_says_so_and_counts_no_cleanup():
                           "counted": [s.cleanups, s.releases]}))
     """)
     assert result["released"] == 0
-    assert result["skipped"] in (["queues: no live AsyncCallsQueue"],
-                                 ["all: this NVRx has no worker cache"])
+    assert result["skipped"] in (
+        ["queues: no live AsyncCallsQueue"],
+        ["all: this NVRx has no worker cache"],
+    )
     assert result["again"] == [0, 0]
     assert result["counted"] == [0, 0]  # nothing was released: no cleanup, no release
 
@@ -156,8 +185,9 @@ def test_a_rank_that_releases_alone_is_reported_and_goes_on_once_the_other_final
     """Rank 0 calls release() with a save pending, rank 1 does not (it finalizes 8 s
     later): rank 0 logs one ERROR naming the all-reduce and the rule, then goes on."""
     steps = "save,save-async,flush@0,sleep8@1,finalize,save"
-    alone, other = scenario_ranks(steps, tmp_path, env={"NVRX_IPC_FIX_STALL_TIMEOUT": "3"},
-                                  backstop=300)
+    alone, other = scenario_ranks(
+        steps, tmp_path, env={"NVRX_IPC_FIX_STALL_TIMEOUT": "3"}, backstop=300
+    )
     assert [s["stale"] for s in alone["saves"]] == [s["stale"] for s in other["saves"]] == [0] * 3
     assert [entry["level"] for entry in alone["log"]] == ["ERROR", "WARNING"]
     assert "finalize all-reduce (sync_all_async_calls)" in alone["log"][0]["message"]
@@ -167,8 +197,7 @@ def test_a_rank_that_releases_alone_is_reported_and_goes_on_once_the_other_final
 
 @needs_cache
 @pytest.mark.worker
-def test_release_finalizes_as_the_ranks_own_finalize_so_ranks_that_polled_apart_meet(
-        tmp_path):
+def test_release_finalizes_as_the_ranks_own_finalize_so_ranks_that_polled_apart_meet(tmp_path):
     """Ranks that poll with ``no_dist=True`` finalize alone, so their pending saves can
     differ: rank 0 finalizes a save while rank 1 has not yet (rank 0 then waits inside the
     save's own finalize, DCP's gather), and rank 1 reaches its offload point and releases. A
@@ -178,12 +207,15 @@ def test_release_finalizes_as_the_ranks_own_finalize_so_ranks_that_polled_apart_
     save loads. (With ``no_dist=False`` every poll is an all-reduce of all ranks: their
     pending saves never differ, ``test_two_ranks_release_in_the_same_order``.)"""
     steps = "save,save-async,finalize@0,sleep2@1,flush,save"
-    reports = scenario_ranks(steps, tmp_path, timeout=40, backstop=300,
-                             flags=["--starts", "forkserver", "--finalize", "poll",
-                                    "--no-dist"])
+    reports = scenario_ranks(
+        steps,
+        tmp_path,
+        timeout=40,
+        backstop=300,
+        flags=["--starts", "forkserver", "--finalize", "poll", "--no-dist"],
+    )
     for report in reports:
         assert report["hang"] is None, report["stderr"]
         assert [s["stale"] for s in report["saves"]] == [0, 0, 0]
     assert [r["queues_released"] for r in reports[0]["releases"]] == [1]
     assert [r["queues_released"] for r in reports[1]["releases"]] == [1]
-

@@ -22,9 +22,13 @@ try:
 except metadata.PackageNotFoundError:
     SKYRL = None
 
-pytestmark = [pytest.mark.worker, pytest.mark.skipif(
-    SKYRL is None or metadata.version("megatron-core") is None,
-    reason="skyrl and megatron-core are installed only in the megatron tox env")]
+pytestmark = [
+    pytest.mark.worker,
+    pytest.mark.skipif(
+        SKYRL is None or metadata.version("megatron-core") is None,
+        reason="skyrl and megatron-core are installed only in the megatron tox env",
+    ),
+]
 
 DRIVER = str(Path(__file__).with_name("skyrl_driver.py"))
 PACKAGE = importlib.util.find_spec("nvrx_ipc_fix").origin
@@ -32,8 +36,19 @@ RANKS = 2
 # an async save; rank 0's idle worker killed (OOM killer), then a sync save (close and
 # remake) and an async save on the new queues; rank 1's worker killed while it writes an
 # async save, then the next save (every rank's finalize raises), then one more
-WITH = ["async", "load", "kill-idle@0", "sync", "workers", "async", "load", "async-kill@1",
-        "async", "async", "load"]
+WITH = [
+    "async",
+    "load",
+    "kill-idle@0",
+    "sync",
+    "workers",
+    "async",
+    "load",
+    "async-kill@1",
+    "async",
+    "async",
+    "load",
+]
 SYNC_HANG = ["async", "load", "kill-idle@0", "sync", "load"]
 ASYNC_HANG = ["async", "load", "async-kill@1", "async"]
 BOUND = 10.0  # seconds: the save whose finalize raises (detection takes about one)
@@ -45,13 +60,15 @@ def drive(steps, directory, fix=True, timeout=240):
     workers start from a forkserver); their reports, by rank. The driver's watchdog reports
     a hang; this backstop kills every rank's process group (workers included) if that fails
     too."""
-    codes = [f"""
+    codes = []
+    for rank in range(RANKS):
+        argv = ["--rank", str(rank), "--world-size", str(RANKS), "--dir", str(directory), *steps]
+        codes.append(f"""
         import runpy, sys
-        sys.argv[1:] = {["--rank", str(rank), "--world-size", str(RANKS), "--dir",
-                         str(directory), *steps]!r}
+        sys.argv[1:] = {argv!r}
         sys.path[0] = {os.path.dirname(DRIVER)!r}  # as for a script: the tests' directory
         runpy.run_path({DRIVER!r}, run_name="__main__")
-    """ for rank in range(RANKS)]
+    """)
     results = run_codes(codes, fix=fix, timeout=timeout)
     reports = []
     for rank, (rc, text, errors) in enumerate(results):
@@ -69,20 +86,25 @@ def with_the_package(tmp_path_factory):
     return drive(WITH, tmp_path_factory.mktemp("skyrl"))
 
 
-def test_sync_save_after_a_dead_idle_worker_hangs_and_strands_the_other_rank_without_it(
-        tmp_path):
+def test_sync_save_after_a_dead_idle_worker_hangs_and_strands_the_other_rank_without_it(tmp_path):
     rank0, rank1 = drive(SYNC_HANG, tmp_path, fix=False)
     sync = SYNC_HANG.index("sync")
     # rank 0's close() waits for its dead worker; rank 1 waits for rank 0 in the next load
-    assert rank0["hang"] == {"step": sync, "after_s": rank0["hang"]["after_s"],
-                             "worker_died": True, "stranded": False, "waiting_in": None}, rank0
+    assert rank0["hang"] == {
+        "step": sync,
+        "after_s": rank0["hang"]["after_s"],
+        "worker_died": True,
+        "stranded": False,
+        "waiting_in": None,
+    }, rank0
     assert rank1["hang"]["stranded"] and rank1["hang"]["step"] == sync + 1, rank1
     assert rank1["hang"]["waiting_in"] is not None, rank1
     assert rank1["saves"][-1]["stale"] != 0  # the sync save never loads
 
 
 def test_sync_save_after_a_dead_idle_worker_closes_remakes_and_every_save_loads_on_both_ranks(
-        with_the_package):
+    with_the_package,
+):
     for report in with_the_package:
         assert report["hang"] is None, report
         first, sync, after = report["saves"][:3]
@@ -91,24 +113,35 @@ def test_sync_save_after_a_dead_idle_worker_closes_remakes_and_every_save_loads_
         assert report["queues"] == 2  # SkyRL's close-and-remake after the sync save
         [children] = report["workers"]  # right after the sync save
         assert sync["worker_before"] and sync["worker_before"] not in [
-            pid for pid, _ in children], report  # the old worker is gone, dead or alive
+            pid for pid, _ in children
+        ], report  # the old worker is gone, dead or alive
         assert all(e["step"] > WITH.index("load", WITH.index("sync")) for e in report["errors"])
 
 
 def test_worker_killed_during_an_async_save_hangs_both_ranks_without_the_package(tmp_path):
     rank0, rank1 = drive(ASYNC_HANG, tmp_path, fix=False)
     step = ASYNC_HANG.index("async-kill@1") + 1  # the next save's finalize
-    assert rank1["hang"] == {"step": step, "after_s": rank1["hang"]["after_s"],
-                             "worker_died": True, "stranded": False, "waiting_in": None}, rank1
+    assert rank1["hang"] == {
+        "step": step,
+        "after_s": rank1["hang"]["after_s"],
+        "worker_died": True,
+        "stranded": False,
+        "waiting_in": None,
+    }, rank1
     # rank 0's worker is alive: it waits in the finalize's all-reduce for rank 1
-    assert rank0["hang"] == {"step": step, "after_s": rank0["hang"]["after_s"],
-                             "worker_died": False, "stranded": True,
-                             "waiting_in": "all_reduce"}, rank0
+    assert rank0["hang"] == {
+        "step": step,
+        "after_s": rank0["hang"]["after_s"],
+        "worker_died": False,
+        "stranded": True,
+        "waiting_in": "all_reduce",
+    }, rank0
     assert rank0["errors"] == rank1["errors"] == []
 
 
 def test_worker_killed_during_an_async_save_is_one_error_on_every_rank_and_the_next_save_loads(
-        with_the_package):
+    with_the_package,
+):
     step = WITH.index("async-kill@1") + 1  # raised by the next save_checkpoint's finalize
     for rank, report in enumerate(with_the_package):
         assert report["hang"] is None, report
@@ -117,10 +150,12 @@ def test_worker_killed_during_an_async_save_is_one_error_on_every_rank_and_the_n
         assert report["step_s"][step] < BOUND, report["step_s"]  # not a wait
         if rank == 1:  # its own worker died
             assert error["message"].startswith("rank 1: save #") and (
-                "died while writing it (killed by SIGKILL)" in error["message"]), error
+                "died while writing it (killed by SIGKILL)" in error["message"]
+            ), error
         else:  # its worker lived; told by the finalize's all-reduce
             assert error["message"].startswith("rank 0: save #") and (
-                "failed on rank 1: its checkpoint worker failed" in error["message"]), error
+                "failed on rank 1: its checkpoint worker failed" in error["message"]
+            ), error
         killed, raised, last = report["saves"][-3:]
         assert killed["mode"] == ("async-kill" if rank == 1 else "async")
         assert killed["lost"] and raised["lost"], report  # named by the error / never made

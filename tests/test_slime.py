@@ -14,8 +14,13 @@ import pytest
 
 from conftest import MCORE, expect, needs_cache, scenario
 
-pytestmark = [needs_cache, pytest.mark.worker, pytest.mark.skipif(
-    MCORE is None, reason="megatron-core is installed only in the megatron tox env")]
+pytestmark = [
+    needs_cache,
+    pytest.mark.worker,
+    pytest.mark.skipif(
+        MCORE is None, reason="megatron-core is installed only in the megatron tox env"
+    ),
+]
 
 DOUBLES = os.path.join(os.path.dirname(__file__), "doubles")
 SLIME = f"""

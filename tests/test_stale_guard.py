@@ -11,9 +11,14 @@ import pytest
 
 from conftest import EXPECT, NVRX, needs_nvrx, run_python, scenario
 
-pytestmark = [needs_nvrx, pytest.mark.skipif(
-    not EXPECT.get(NVRX, {}).get("stale"), reason=f"NVRx {NVRX} needs no guard: the guard "
-    "patches only releases that cache without checking storage (0.6.0)")]
+pytestmark = [
+    needs_nvrx,
+    pytest.mark.skipif(
+        not EXPECT.get(NVRX, {}).get("stale"),
+        reason=f"NVRx {NVRX} needs no guard: the guard "
+        "patches only releases that cache without checking storage (0.6.0)",
+    ),
+]
 
 CALLS = """
     import functools, json, tempfile, threading, torch
@@ -127,12 +132,22 @@ CALLS = """
 def test_what_nvrx_sends_after_each_change_of_storage():
     out = run_python(CALLS)
     assert out == {
-        "first": True, "reused": None,  # an ordinary save: the worker's cache
-        "replaced": True, "replaced_then": None,  # new storage: sent again, once
-        "resized_in_place": True, "resized": True, "planner_untouched": True,
-        "frozen_reused": None, "frozen_replaced": True,
-        "raised": "resolve failed", "failing_untouched": True, "after_failure": None,
-        "own_kept": True, "late": True, "late_then": None, "thread": True,
+        "first": True,
+        "reused": None,  # an ordinary save: the worker's cache
+        "replaced": True,
+        "replaced_then": None,  # new storage: sent again, once
+        "resized_in_place": True,
+        "resized": True,
+        "planner_untouched": True,
+        "frozen_reused": None,
+        "frozen_replaced": True,
+        "raised": "resolve failed",
+        "failing_untouched": True,
+        "after_failure": None,
+        "own_kept": True,
+        "late": True,
+        "late_then": None,
+        "thread": True,
         "calls": [1],  # wrap, never re-implement: NVRx's prepare_write_data, once per call
     }
 
@@ -153,8 +168,9 @@ CHECK_FAILS = """
 def test_a_check_that_fails_sends_the_tensors_again_and_every_save_is_current():
     """Not the guard off for that save (NVRx 0.6.0 then wrote the old values, with only the
     first failure's warning): the tensors are sent again, one RuntimeWarning for all."""
-    report = scenario(["save", "save", "replace", "save", "replace", "save", "save"],
-                      prelude=CHECK_FAILS)
+    report = scenario(
+        ["save", "save", "replace", "save", "replace", "save", "save"], prelude=CHECK_FAILS
+    )
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0] * 5
     assert report["stderr"].count("RuntimeWarning: nvrx_ipc_fix: hook on") == 1, report["stderr"]

@@ -18,13 +18,31 @@ pytestmark = [needs_warmup, pytest.mark.worker]
 # not ready yet). Then: workers forked at each onload, a save before the forked worker is
 # ready, a step without a save, and last a changed environment (the standby is not used: its
 # restart release replaces it, and the next onload's worker is forked from the new one).
-CYCLES = ["save", "offloading-restart", "standby", "ready", "save",
-          "offloading-restart", "ready", "save",
-          "offloading-restart", "save",  # at once: it waits for the worker
-          "offloading-restart",  # a step without a save
-          "offloading-restart", "ready", "save", "standby",
-          "env-change", "offloading-restart", "ready", "save", "standby",
-          "offloading-restart", "ready", "save"]
+CYCLES = [
+    "save",
+    "offloading-restart",
+    "standby",
+    "ready",
+    "save",
+    "offloading-restart",
+    "ready",
+    "save",
+    "offloading-restart",
+    "save",  # at once: it waits for the worker
+    "offloading-restart",  # a step without a save
+    "offloading-restart",
+    "ready",
+    "save",
+    "standby",
+    "env-change",
+    "offloading-restart",
+    "ready",
+    "save",
+    "standby",
+    "offloading-restart",
+    "ready",
+    "save",
+]
 
 
 @pytest.fixture(scope="module")
@@ -87,19 +105,33 @@ def test_the_readiness_probe_reports_what_it_found(cycles):
     another one held), no CUDA, and each module it was to import imported."""
     standby = cycles["standby"][0]
     status = standby["status"]
-    assert status.startswith(f"ready (pid {standby['pid']}): 1 Python thread, no CUDA, "
-                             "imported torch, "
-                             "nvidia_resiliency_ext.checkpointing.async_ckpt.core, "
-                             "nvrx_ipc_fix.worker.inside, "), status
+    assert status.startswith(
+        f"ready (pid {standby['pid']}): 1 Python thread, no CUDA, "
+        "imported torch, "
+        "nvidia_resiliency_ext.checkpointing.async_ckpt.core, "
+        "nvrx_ipc_fix.worker.inside, "
+    ), status
     assert "async_ckpt.filesystem_async" in status and "cli.fakecuda" in status, status
 
 
 # The standby dies: once while a worker forked from it waits for its save (the worker dies
 # with it, is reported, and the save starts a fresh one), then the next restart release
 # starts another standby, whose workers take the saves.
-DEATH = ["save", "offloading-restart", "standby",
-         "offloading-restart", "ready", "kill-standby", "save",
-         "offloading-restart", "standby", "offloading-restart", "ready", "save", "standby"]
+DEATH = [
+    "save",
+    "offloading-restart",
+    "standby",
+    "offloading-restart",
+    "ready",
+    "kill-standby",
+    "save",
+    "offloading-restart",
+    "standby",
+    "offloading-restart",
+    "ready",
+    "save",
+    "standby",
+]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +149,10 @@ def test_a_worker_forked_from_a_standby_that_died_is_gone_reported_and_replaced(
     assert after["worker_before"] == waiting["pid"] != after["worker"]
     assert death["prewarm_failures"] == 1
     said = [line["message"] for line in death["log"]]
-    assert said[0].startswith(f"rank 0: the prewarmed NVRx checkpoint worker (pid "
-                              f"{waiting['pid']}) died after it was ready"), said
+    assert said[0].startswith(
+        f"rank 0: the prewarmed NVRx checkpoint worker (pid "
+        f"{waiting['pid']}) died after it was ready"
+    ), said
 
 
 def test_the_next_restart_release_starts_another_standby(death):
@@ -128,23 +162,34 @@ def test_the_next_restart_release_starts_another_standby(death):
     assert "1 standby death(s)" in last["status"]
     assert death["log"][1]["message"] == (
         f"nvrx_ipc_fix: the standby for restart's workers (pid {first['pid']}) died; NVRx "
-        "spawns the next worker, and the next restart release starts another standby")
+        "spawns the next worker, and the next restart release starts another standby"
+    )
     assert len(death["log"]) == 2
 
 
 # Two automatic restart releases at NeMo RL's offload point (its test double), each worker
 # forked from the standby at the onload; then the user's own code starts a forkserver child.
-USER = ["save", "offload_before_refit", "standby", "prepare_for_training", "ready", "save",
-        "offload_before_refit", "prepare_for_training", "ready", "save",
-        "env-change", "user-forkserver"]
+USER = [
+    "save",
+    "offload_before_refit",
+    "standby",
+    "prepare_for_training",
+    "ready",
+    "save",
+    "offload_before_refit",
+    "prepare_for_training",
+    "ready",
+    "save",
+    "env-change",
+    "user-forkserver",
+]
 
 
 def test_the_user_s_forkserver_child_after_the_standby_served_is_the_user_s():
     """Not the standby's child: it sees the environment as it is now, and arrives without
     torch, NVRx or the package imported (before: the standby was multiprocessing's
     forkserver, so the user's child came from it)."""
-    report = scenario(USER, starts="spawn", prelude=NEMO,
-                      env={"NVRX_IPC_FIX_STRATEGY": "restart"})
+    report = scenario(USER, starts="spawn", prelude=NEMO, env={"NVRX_IPC_FIX_STRATEGY": "restart"})
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"]] == [0] * 3
     (standby,) = report["standby"]
@@ -161,9 +206,11 @@ def test_the_readiness_probe_fails_a_standby_that_is_not_what_it_claims(tmp_path
     the ImportError): the standby is not used, and ``status()`` says why."""
     (tmp_path / "starts_a_thread.py").write_text(
         "import threading, time\n"
-        "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n")
+        "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    )
     (tmp_path / "initializes_cuda.py").write_text("import torch\ntorch.cuda._initialized = True\n")
-    pid, status = run_python(f"""
+    pid, status = run_python(
+        f"""
         import json, os, threading, nvrx_ipc_fix
         from nvrx_ipc_fix.worker import standby, inside as worker
         os.environ["PYTHONPATH"] = os.pathsep.join([{str(tmp_path)!r},
@@ -175,20 +222,27 @@ def test_the_readiness_probe_fails_a_standby_that_is_not_what_it_claims(tmp_path
             if thread.name == "nvrx_ipc_fix-standby":
                 thread.join(150)  # its probe
         print(json.dumps([pid, nvrx_ipc_fix.status().standby]))
-    """, timeout=200)
-    assert status.startswith(f"failed to start (pid {pid}): 2 Python threads, CUDA initialized, "
-                             "did not import not_a_module_here;"), status
+    """,
+        timeout=200,
+    )
+    assert status.startswith(
+        f"failed to start (pid {pid}): 2 Python threads, CUDA initialized, "
+        "did not import not_a_module_here;"
+    ), status
 
 
 @pytest.mark.parametrize("value", ["off", " 0 "])
 def test_the_setting_off_starts_no_standby(value):
-    pid, status = run_python("""
+    pid, status = run_python(
+        """
         import json, nvrx_ipc_fix
         from multiprocessing import forkserver
         from nvrx_ipc_fix.worker import standby
         standby.start()
         print(json.dumps([forkserver._forkserver._forkserver_pid, nvrx_ipc_fix.status().standby]))
-    """, env={"NVRX_IPC_FIX_STANDBY": value})
+    """,
+        env={"NVRX_IPC_FIX_STANDBY": value},
+    )
     assert pid is None and status.startswith("off (NVRX_IPC_FIX_STANDBY=off)"), status
 
 

@@ -14,19 +14,19 @@ from conftest import TESTS, run_process
 
 TESTS_OF_A_SESSION = {
     "test_run.py": "import pytest\n\n"
-                   "def test_passes():\n    pass\n\n"
-                   "@pytest.mark.skip(reason='skipped as it runs')\n"
-                   "def test_skipped():\n    pass\n",
+    "def test_passes():\n    pass\n\n"
+    "@pytest.mark.skip(reason='skipped as it runs')\n"
+    "def test_skipped():\n    pass\n",
     # skipped at collection, as tests/test_ray.py is in every env without Ray
     "test_module_skipped.py": "import pytest\n\n"
-                              "pytest.skip('no such thing here', allow_module_level=True)\n\n"
-                              "def test_never_collected():\n    pass\n",
+    "pytest.skip('no such thing here', allow_module_level=True)\n\n"
+    "def test_never_collected():\n    pass\n",
 }
 
 
 @pytest.mark.once  # the harness's own output: the same with any NVRx and wrapt
 def test_the_summary_counts_every_outcome_pytest_counts(tmp_path):
-    """"all N tests" is passed + skipped, a module skipped at collection included (it was
+    """ "all N tests" is passed + skipped, a module skipped at collection included (it was
     one less in every env with tests/test_ray.py skipped)."""
     session = tmp_path / "session"
     session.mkdir()
@@ -34,12 +34,30 @@ def test_the_summary_counts_every_outcome_pytest_counts(tmp_path):
     for name, text in TESTS_OF_A_SESSION.items():
         (session / name).write_text(text)
     summary = tmp_path / "summary.txt"
-    env = {"PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
-           "NVRX_TESTS_SUMMARY": str(summary)}
+    env = {
+        "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+        "NVRX_TESTS_SUMMARY": str(summary),
+    }
     # as tox runs each env: conftest's hooks, xdist's controller writing the summary
-    rc, out, err = run_process([sys.executable, "-m", "pytest", "-p", "conftest", "-p",
-                                "no:cacheprovider", "-q", "-n", "1", "--dist", "load",
-                                str(session)], env=env, fresh=True)
+    rc, out, err = run_process(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-n",
+            "1",
+            "--dist",
+            "load",
+            str(session),
+        ],
+        env=env,
+        fresh=True,
+    )
     assert rc == 0, out + err
     assert "1 passed, 2 skipped" in out, out
     lines = summary.read_text().splitlines()
@@ -56,8 +74,8 @@ TOOLS = ROOT / ".venv-tools" / "bin" / "tox"  # scripts/test makes it (tox and t
 #: shown a progress line naming it (or fails after 60 s).
 PROJECT = {
     "tox.ini": "[tox]\nenvlist = waits, fails\n\n[testenv]\nskip_install = true\n"
-               "pass_env = OUTPUT\nset_env = NVRX_TESTS_SUMMARY = {envtmpdir}/summary.txt\n"
-               "commands = python {toxinidir}/env.py {envname}\n",
+    "pass_env = OUTPUT\nset_env = NVRX_TESTS_SUMMARY = {envtmpdir}/summary.txt\n"
+    "commands = python {toxinidir}/env.py {envname}\n",
     "env.py": textwrap.dedent("""
         import os, sys, time
 
@@ -90,18 +108,29 @@ def test_scripts_test_shows_progress_and_each_summary_once_under_its_heading(tmp
     shutil.copy(ROOT / "toxfile.py", tmp_path / "toxfile.py")
     (tmp_path / ".venv-tools").symlink_to(TOOLS.parent.parent)
     output = tmp_path / "output.txt"
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith("TOX_") and key != "VIRTUAL_ENV"}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("TOX_") and key != "VIRTUAL_ENV"
+    }
     env.update(OUTPUT=str(output), NVRX_TESTS_PROGRESS="0.5")
     with open(output, "w") as out:
-        rc = subprocess.run([str(tmp_path / "scripts" / "test")], stdout=out,
-                            stderr=subprocess.STDOUT, env=env, timeout=180).returncode
+        rc = subprocess.run(
+            [str(tmp_path / "scripts" / "test")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=180,
+        ).returncode
     text = output.read_text()
     assert rc != 0 and "running: waits (" in text, text  # the failed env fails the run
-    waits = text[text.index("waits: ended after"):]
-    assert waits.startswith("waits: ended after") and "(ok)\npytest first run of waits\n" \
-        "tests: 1 passed of waits\npytest second run of waits\ntests: 1 passed of waits\n" \
-        in waits, text
+    waits = text[text.index("waits: ended after") :]
+    assert (
+        waits.startswith("waits: ended after")
+        and "(ok)\npytest first run of waits\n"
+        "tests: 1 passed of waits\npytest second run of waits\ntests: 1 passed of waits\n"
+        in waits
+    ), text
     for run in ("first", "second"):
         assert text.count(f"pytest {run} run of waits") == 1, text
         assert text.count(f"pytest {run} run of fails") == 1, text

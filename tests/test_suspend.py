@@ -31,7 +31,7 @@ pytestmark = [needs_cache, pytest.mark.worker]
 PRELUDE = """
     import sys
     import nvrx_ipc_fix
-    from nvrx_ipc_fix.worker.monitor import stat_fields
+    from nvrx_ipc_fix.worker.guardian_process import stat_fields
     from harness import scenario as _s
 
     def _proc_state(pid):
@@ -84,8 +84,9 @@ def stale(report):
 
 def runtime_warnings(report):
     """The package's RuntimeWarnings on the child's stderr."""
-    return [line for line in report["stderr"].splitlines()
-            if "RuntimeWarning: nvrx_ipc_fix:" in line]
+    return [
+        line for line in report["stderr"].splitlines() if "RuntimeWarning: nvrx_ipc_fix:" in line
+    ]
 
 
 def resume_started(seen):
@@ -95,10 +96,24 @@ def resume_started(seen):
 
 # -- the kept worker: call order, resumed before the save, killed while suspended, exit --------
 
-KEPT = ["driver", "save", "save", "suspend", "worker#frozen", "seen#suspended", "spy",
-        "save", "seen#saved", "puts#puts",
-        "suspend", "kill-worker", "save?", "save", "seen#killed",
-        "suspend"]  # the last step: the scenario's close finds the worker suspended
+KEPT = [
+    "driver",
+    "save",
+    "save",
+    "suspend",
+    "worker#frozen",
+    "seen#suspended",
+    "spy",
+    "save",
+    "seen#saved",
+    "puts#puts",
+    "suspend",
+    "kill-worker",
+    "save?",
+    "save",
+    "seen#killed",
+    "suspend",
+]  # the last step: the scenario's close finds the worker suspended
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +170,21 @@ def test_a_worker_killed_while_suspended_fails_one_save_and_the_next_loads(kept)
 
 # -- offloading(strategy="suspend"), and deactivate() while suspended ---------------------------
 
-OFFLOADING = ["driver", "save", "save", "offloading-suspend", "seen#onloaded", "save",
-              "seen#saved",
-              "suspend", "deactivate", "worker#running", "seen#deactivated", "activate",
-              "save"]
+OFFLOADING = [
+    "driver",
+    "save",
+    "save",
+    "offloading-suspend",
+    "seen#onloaded",
+    "save",
+    "seen#saved",
+    "suspend",
+    "deactivate",
+    "worker#running",
+    "seen#deactivated",
+    "activate",
+    "save",
+]
 
 
 @pytest.fixture(scope="module")
@@ -216,15 +242,19 @@ def test_without_the_resume_a_save_handed_to_the_suspended_worker_hangs():
 
 
 def test_with_the_suspend_fix_disabled_the_release_restarts_instead():
-    report = scenario(["driver", "save", "save", "suspend", "seen#after", "save"],
-                      prelude=PRELUDE, env={"NVRX_IPC_FIX_DISABLE": "suspend"})
+    report = scenario(
+        ["driver", "save", "save", "suspend", "seen#after", "save"],
+        prelude=PRELUDE,
+        env={"NVRX_IPC_FIX_DISABLE": "suspend"},
+    )
     assert report["hang"] is None, report["stderr"]
     assert report["fix"]["suspend"] == "disabled"
     (release,) = report["releases"]
     assert release["strategy"] == "restart" and release["worker_suspended"] is False
     assert release["worker_terminated"] is True
-    assert release["skipped"] == ["suspend: the suspend fix is not active (see "
-                                  "nvrx_ipc_fix.status()); restart instead"]
+    assert release["skipped"] == [
+        "suspend: the suspend fix is not active (see nvrx_ipc_fix.status()); restart instead"
+    ]
     assert report["named"]["after"]["calls"] == []  # the driver was never touched
     assert stale(report) == [0, 0, 0]
     assert report["saves"][2]["worker"] not in (None, report["saves"][1]["worker"])
@@ -234,8 +264,11 @@ def test_with_the_suspend_fix_disabled_the_release_restarts_instead():
 def test_status_says_restart_while_the_suspend_fix_is_disabled():
     """status().suspend is "the automatic release's strategy in force and why": with the fix
     disabled, suspend is never used (release() says so), so it must not say suspend."""
-    report = scenario(["driver", "save", "suspend", "seen#after"], prelude=PRELUDE,
-                      env={"NVRX_IPC_FIX_DISABLE": "suspend"})
+    report = scenario(
+        ["driver", "save", "suspend", "seen#after"],
+        prelude=PRELUDE,
+        env={"NVRX_IPC_FIX_DISABLE": "suspend"},
+    )
     assert report["releases"][0]["strategy"] == "restart"
     said = report["named"]["after"]["suspend"]
     assert said.startswith("restart"), said
@@ -243,8 +276,7 @@ def test_status_says_restart_while_the_suspend_fix_is_disabled():
 
 # -- driver faults: the worker ends, one RuntimeWarning, the next save loads, restart after ---
 
-FAULT_STEPS = ["save", "save", "suspend", "seen#suspended", "save", "seen#saved", "suspend",
-               "save"]
+FAULT_STEPS = ["save", "save", "suspend", "seen#suspended", "save", "seen#saved", "suspend", "save"]
 #: fault -> the stand-in's calls after the first suspend, after the save that follows it;
 #: whether that suspend failed (else its resume did); how the worker was ended. A lock past
 #: its deadline may still lock the worker later: it is killed, never closed.
@@ -294,26 +326,41 @@ def test_a_driver_fault_ends_the_worker_warns_once_and_the_next_saves_load(fault
 
 
 def test_a_driver_without_the_api_falls_back_to_restart():
-    report = scenario(["driver-absent", "save", "save", "suspend", "seen#after", "save"],
-                      prelude=PRELUDE)
+    report = scenario(
+        ["driver-absent", "save", "save", "suspend", "seen#after", "save"], prelude=PRELUDE
+    )
     assert report["hang"] is None, report["stderr"]
     (release,) = report["releases"]
     assert release["strategy"] == "restart" and release["worker_terminated"] is True
-    assert release["skipped"] == ["suspend: this CUDA driver has no process checkpoint API "
-                                  "(stand-in); restart instead"]
+    assert release["skipped"] == [
+        "suspend: this CUDA driver has no process checkpoint API (stand-in); restart instead"
+    ]
     assert report["named"]["after"]["calls"] == []
     assert stale(report) == [0, 0, 0]
     assert report["saves"][2]["worker"] not in (None, report["saves"][1]["worker"])
     (warning,) = runtime_warnings(report)
-    assert "the release uses restart instead of suspend: this CUDA driver has no process " \
-           "checkpoint API" in warning
+    assert (
+        "the release uses restart instead of suspend: this CUDA driver has no process "
+        "checkpoint API" in warning
+    )
 
 
 # -- the automatic release at NeMo RL's offload and onload points ------------------------------
 
+
 def test_nemo_rl_s_offload_suspends_and_the_onload_resumes_the_same_worker():
-    steps = ["driver", "save", "save", "offload_before_refit", "worker#frozen",
-             "seen#offloaded", "prepare_for_training", "seen#onloaded", "save", "seen#saved"]
+    steps = [
+        "driver",
+        "save",
+        "save",
+        "offload_before_refit",
+        "worker#frozen",
+        "seen#offloaded",
+        "prepare_for_training",
+        "seen#onloaded",
+        "save",
+        "seen#saved",
+    ]
     report = scenario(steps, prelude=PRELUDE + NEMO)
     assert report["hang"] is None, report["stderr"]
     assert stale(report) == [0, 0, 0]
@@ -337,14 +384,25 @@ def test_nemo_rl_s_offload_suspends_and_the_onload_resumes_the_same_worker():
 def test_without_cuda_the_automatic_release_restarts_silently():
     """No stand-in, no CUDA initialized: suspend is not used, with no RuntimeWarning; the
     offload leaves no worker, the onload starts the next."""
-    steps = ["save", "save", "offload_before_refit", "measure", "seen#offloaded",
-             "prepare_for_training", "ready", "save", "suspend", "save"]
+    steps = [
+        "save",
+        "save",
+        "offload_before_refit",
+        "measure",
+        "seen#offloaded",
+        "prepare_for_training",
+        "ready",
+        "save",
+        "suspend",
+        "save",
+    ]
     report = scenario(steps, prelude=PRELUDE + NEMO)
     assert report["hang"] is None, report["stderr"]
     assert stale(report) == [0, 0, 0, 0]
     assert [m["workers"] for m in report["measures"]] == [0]
     assert report["named"]["offloaded"]["suspend"].startswith(
-        f"restart: suspend is not used here ({NO_CUDA}")
+        f"restart: suspend is not used here ({NO_CUDA}"
+    )
     (ready,) = report["ready"]
     after = report["saves"][2]
     assert after["worker_before"] == after["worker"] == ready["pid"] is not None
@@ -377,8 +435,9 @@ def test_strategy_names(env):
     assert rc == 0, err
     found = json.loads(out.strip().splitlines()[-1])
     assert found["upper"] == "suspend"
-    assert found["error"] == ("strategy must be one of flush, terminate, restart, suspend, not "
-                              "'suspended'")
+    assert found["error"] == (
+        "strategy must be one of flush, terminate, restart, suspend, not 'suspended'"
+    )
     assert found["auto"] == "suspend"
     assert found["default"] == ("suspend" if env else "flush")
     assert "NVRX_IPC_FIX_STRATEGY" not in err
@@ -435,8 +494,12 @@ def test_a_resume_that_cannot_run_ends_the_worker_and_the_save_loads():
     assert report["releases"][0]["worker_suspended"] is True
     assert report["saves"][2]["worker"] not in (None, old)
     (warning,) = runtime_warnings(report)
-    assert (f"the resume of the checkpoint worker (pid {old}) could not run (RuntimeError: "
-            "can't start new thread)" in warning and "the worker was killed" in warning)
+    assert (
+        f"the resume of the checkpoint worker (pid {old}) could not run (RuntimeError: "
+        "can't start new thread)"
+        in warning
+        and "the worker was killed" in warning
+    )
     assert report["releases"][1]["strategy"] == "restart"
 
 
@@ -444,8 +507,7 @@ def test_two_ranks_each_suspend_their_own_worker_and_a_kill_on_one_is_one_error_
     """gloo on CPU: no collective is added; rank 1's worker is killed while suspended, the
     save after it raises one error on every rank (the finalize's all-reduce), and the next
     save loads on both."""
-    steps = ("driver,save,save,suspend,save,suspend,kill-worker@1,save?,save,suspend,"
-             "resumed")
+    steps = "driver,save,save,suspend,save,suspend,kill-worker@1,save?,save,suspend,resumed"
     reports = scenario_ranks(steps, tmp_path)
     for report in reports:
         assert report["hang"] is None, report["stderr"]
@@ -464,8 +526,9 @@ def test_two_ranks_each_suspend_their_own_worker_and_a_kill_on_one_is_one_error_
 
 def test_no_deadline_release_timeout_inf_suspends_and_resumes():
     """NVRX_IPC_FIX_RELEASE_TIMEOUT=inf: the driver calls wait as long as they take."""
-    report = scenario(["driver", "save", "save", "suspend", "save"],
-                      env={"NVRX_IPC_FIX_RELEASE_TIMEOUT": "inf"})
+    report = scenario(
+        ["driver", "save", "save", "suspend", "save"], env={"NVRX_IPC_FIX_RELEASE_TIMEOUT": "inf"}
+    )
     assert report["hang"] is None, report["stderr"]
     (release,) = report["releases"]
     assert release["worker_suspended"] is True and release["error"] is None, release
@@ -500,7 +563,9 @@ INTERRUPTED = """
 
 
 def test_a_suspend_interrupted_in_the_driver_ends_the_worker_and_the_next_save_loads():
-    code = INTERRUPTED + """
+    code = (
+        INTERRUPTED
+        + """
     try:
         nvrx_ipc_fix.release(trainer.queue, strategy="suspend")
         raised = None
@@ -511,6 +576,7 @@ def test_a_suspend_interrupted_in_the_driver_ends_the_worker_and_the_next_save_l
                       "stale": trainer.stale_tensors(path, version),
                       "status": nvrx_ipc_fix.status().suspend}))
     """
+    )
     rc, out, err = run_code(code, timeout=60)
     assert rc == 0, err
     found = json.loads(out.strip().splitlines()[-1])
@@ -523,8 +589,16 @@ def test_a_suspend_interrupted_in_the_driver_ends_the_worker_and_the_next_save_l
 def test_with_the_suspend_fix_disabled_nemo_rl_s_onload_starts_the_next_worker_as_restart():
     """The automatic release falls back to restart whole: its onload prewarms the next worker,
     and the save takes it."""
-    steps = ["driver", "save", "save", "offload_before_refit", "measure",
-             "prepare_for_training", "ready", "save"]
+    steps = [
+        "driver",
+        "save",
+        "save",
+        "offload_before_refit",
+        "measure",
+        "prepare_for_training",
+        "ready",
+        "save",
+    ]
     report = scenario(steps, prelude=PRELUDE + NEMO, env={"NVRX_IPC_FIX_DISABLE": "suspend"})
     assert report["hang"] is None, report["stderr"]
     assert [m["workers"] for m in report["measures"]] == [0]
@@ -537,8 +611,14 @@ def test_with_the_suspend_fix_disabled_nemo_rl_s_onload_starts_the_next_worker_a
 
 def test_an_nvrx_error_in_the_close_after_a_failed_suspend_reaches_the_offload_s_caller():
     """A failed suspend (the checkpoint fails) closes the worker; NVRx's close raises once."""
-    steps = ["driver-checkpoint-fails", "save", "save", "offload_before_refit?",
-             "prepare_for_training", "save"]
+    steps = [
+        "driver-checkpoint-fails",
+        "save",
+        "save",
+        "offload_before_refit?",
+        "prepare_for_training",
+        "save",
+    ]
     report = scenario(steps, prelude=CLOSE_RAISES + PRELUDE + NEMO, env=FAST)
     assert report["hang"] is None, report["stderr"]
     (call,) = report["calls"]

@@ -64,7 +64,8 @@ def test_a_release_from_another_thread_while_a_save_runs_waits_and_every_save_lo
     cache key, one landing between that planning and its schedule dropped the cache the key
     names: that save failed ("Worker cache miss"; once in four clean-clone runs). Now no
     call raises, no release reports an error, and every save loads with current values."""
-    report = run_python(f"""
+    report = run_python(
+        f"""
         import json, threading, time
         import nvrx_ipc_fix
         from harness import scenario
@@ -95,20 +96,25 @@ def test_a_release_from_another_thread_while_a_save_runs_waits_and_every_save_lo
         print(json.dumps({{"errors": errors, "stale": stale, "released": released,
                           "alive": [t.is_alive() for t in threads]}}))
         trainer.close()
-    """, fresh=True)
+    """,
+        fresh=True,
+    )
     assert report["alive"] == [False, False], report
     assert report["errors"] == [], report
     assert report["released"] == [None] * 6, report
     assert report["stale"] == [0] * 6, report
 
 
-# A trainer whose next schedule waits for ``go`` after its save was planned (``planned``
-# set); ``in_frame`` (``harness.stacks``): is a thread inside a function of that name now.
+# A trainer whose next save pauses (``planned`` set) until ``go``: at its schedule, after its
+# planning (``AT_SCHEDULE``), or inside NVRx's ``prepare_write_data``, as torch's planner
+# resolves the first item, once NVRx has looked up the cache key (``IN_PLANNING``);
+# ``in_frame`` (``harness.stacks``): is a thread inside a function of that name now.
 PAUSED = """
     import json, sys, threading, time
     import nvrx_ipc_fix
     from harness import scenario
     from harness.stacks import in_frame
+    from torch.distributed.checkpoint import DefaultSavePlanner
 
     def until(predicate, what, bound=120.0):
         deadline = time.monotonic() + bound
@@ -122,12 +128,14 @@ PAUSED = """
     for _ in range(2):  # the worker caches: the next save plans to send only the key
         versions.append(trainer.save()[2:])
     planned, go = threading.Event(), threading.Event()
-    schedule = trainer.queue.schedule_async_request
 
-    def paused(request, *args, **kwargs):
-        planned.set()
-        go.wait(120)
-        return schedule(request, *args, **kwargs)
+    def pause(real):
+        def paused(*args, **kwargs):
+            if not planned.is_set():
+                planned.set()
+                go.wait(120)
+            return real(*args, **kwargs)
+        return paused
 
     def save():
         try:
@@ -135,24 +143,32 @@ PAUSED = """
         except BaseException as exc:
             errors.append(repr(exc))
 
-    trainer.queue.schedule_async_request = paused
+    {where}
     saver = threading.Thread(target=save, name="saver")
     saver.start()
     assert planned.wait(120)
 """
+AT_SCHEDULE = "trainer.queue.schedule_async_request = pause(trainer.queue.schedule_async_request)"
+IN_PLANNING = "DefaultSavePlanner.resolve_data = pause(DefaultSavePlanner.resolve_data)"
 
 
 @needs_cache
 @pytest.mark.worker
+@pytest.mark.parametrize("where", [AT_SCHEDULE, IN_PLANNING], ids=["at-schedule", "in-planning"])
 def test_a_release_from_another_thread_waits_for_a_save_planned_to_send_only_its_key(
-        tmp_path):
+    tmp_path, where
+):
     """The race that the queue's lock alone did not cover: the save's planning chose to send
     only the cache key; a release from another thread now would drop the cache the key names
     (the worker then dies of "Worker cache miss"). Driven with events: the release, started
-    while the save is paused between its planning and its schedule, does not end before the
-    save is let go (on cb7b335 it did, and the save failed); then both end, the release
-    reports no error and every save loads."""
-    report = run_python(PAUSED.format(path=str(tmp_path)) + """
+    while the save is paused between its planning and its schedule, or inside the planning
+    once NVRx has looked up the key, does not end before the save is let go (on cb7b335 it
+    did at the schedule, and before the plan was recorded ahead of NVRx's planning it did
+    inside it; the save failed); then both end, the release reports no error and every save
+    loads."""
+    report = run_python(
+        PAUSED.format(path=str(tmp_path), where=where)
+        + """
     released = []
     releaser = threading.Thread(target=lambda: released.append(
         nvrx_ipc_fix.release(strategy="flush").error), name="releaser")
@@ -162,12 +178,13 @@ def test_a_release_from_another_thread_waits_for_a_save_planned_to_send_only_its
     waited = releaser.is_alive()
     go.set()
     saver.join(120); releaser.join(120)
-    del trainer.queue.schedule_async_request
     versions.append(trainer.save()[2:])
     print(json.dumps({"waited": waited, "errors": errors, "released": released,
                       "stale": [trainer.stale_tensors(p, v) for p, v in versions]}))
     trainer.close()
-    """, fresh=True)
+    """,
+        fresh=True,
+    )
     assert report["waited"], report
     assert report["errors"] == [] and report["released"] == [None], report
     assert report["stale"] == [0, 0, 0, 0], report
@@ -180,7 +197,9 @@ def test_a_release_that_cannot_wait_for_a_planned_save_raises_and_touches_nothin
     the release from another thread raises one clear error, naming the planned save's thread,
     before it touches anything: the worker keeps its cache, so that save, let go afterwards,
     is saved, and so are the ones after it."""
-    report = run_python(PAUSED.format(path=str(tmp_path)) + """
+    report = run_python(
+        PAUSED.format(path=str(tmp_path), where=AT_SCHEDULE)
+        + """
     outcome = []
     def release():
         try:
@@ -191,13 +210,14 @@ def test_a_release_that_cannot_wait_for_a_planned_save_raises_and_touches_nothin
     releaser.start(); releaser.join(120)
     releases = nvrx_ipc_fix.status().releases
     go.set(); saver.join(120)
-    del trainer.queue.schedule_async_request
     versions.append(trainer.save()[2:])
     print(json.dumps({"outcome": outcome, "releases": releases, "errors": errors,
                       "saver": saver.ident,
                       "stale": [trainer.stale_tensors(p, v) for p, v in versions]}))
     trainer.close()
-    """, fresh=True)
+    """,
+        fresh=True,
+    )
     (outcome,) = report["outcome"]
     assert outcome.startswith("RuntimeError: nvrx_ipc_fix: release() waited 0.5 s"), outcome
     assert str(report["saver"]) in outcome and "nothing was released" in outcome, outcome
@@ -215,7 +235,8 @@ def test_a_suspend_release_from_another_thread_waits_for_the_schedule_it_meets(t
     the worker right before the save was handed to it. Then the release suspends the worker,
     the next save resumes it, and every save loads. The CUDA driver is the stand-in
     (``harness.fakedriver``: lock = SIGSTOP)."""
-    report = run_python(f"""
+    report = run_python(
+        f"""
     import json, sys, threading, time
     import nvrx_ipc_fix
     from harness import fakedriver, scenario
@@ -260,7 +281,9 @@ def test_a_suspend_release_from_another_thread_waits_for_the_schedule_it_meets(t
                       "calls": [name for name, _ in driver.calls],
                       "stale": [trainer.stale_tensors(p, v) for p, v in versions]}}))
     trainer.close()
-    """, fresh=True)
+    """,
+        fresh=True,
+    )
     assert report["waited"], report
     assert report["errors"] == [] and report["suspended"], report
     assert report["calls"][:5] == ["state", "lock", "checkpoint", "restore", "unlock"], report
@@ -275,7 +298,8 @@ def test_a_save_that_meets_a_failed_resume_waits_until_the_worker_is_ended(tmp_p
     under way (paused here inside ``suspend._end``) must wait for it; before, the resume
     forgot the suspension first, so such a save was handed to the worker about to be killed,
     and failed."""
-    report = run_python(f"""
+    report = run_python(
+        f"""
     import json, sys, threading, time
     import nvrx_ipc_fix
     from harness import fakedriver, scenario
@@ -319,7 +343,9 @@ def test_a_save_that_meets_a_failed_resume_waits_until_the_worker_is_ended(tmp_p
     print(json.dumps({{"waited": waited, "errors": errors,
                       "stale": [trainer.stale_tensors(p, v) for p, v in versions]}}))
     trainer.close()
-    """, fresh=True)
+    """,
+        fresh=True,
+    )
     assert report["waited"], report
     assert report["errors"] == [], report
     assert report["stale"] == [0, 0, 0], report
@@ -327,14 +353,14 @@ def test_a_save_that_meets_a_failed_resume_waits_until_the_worker_is_ended(tmp_p
 
 @needs_cache
 @pytest.mark.worker
-def test_a_release_from_another_thread_finalizes_on_the_device_the_saves_were_made_on(
-        tmp_path):
+def test_a_release_from_another_thread_finalizes_on_the_device_the_saves_were_made_on(tmp_path):
     """``release()`` from a thread of its own, with a save pending, runs NVRx's finalize
     all-reduce; NVRx builds its tensor on the current CUDA device, which in a new thread is
     device 0 whatever the rank's. The stand-in: each thread's current device (the training
     thread's is 1, as rank 1's of a node), faked in torch.cuda, and the device current at
     each all-reduce. Before, the release's all-reduce ran on device 0."""
-    report = run_python(f"""
+    report = run_python(
+        f"""
     import contextlib, json, threading
     import torch
     import nvrx_ipc_fix
@@ -372,7 +398,9 @@ def test_a_release_from_another_thread_finalizes_on_the_device_the_saves_were_ma
     print(json.dumps({{"seen": seen, "out": out,
                       "stale": [trainer.stale_tensors(p, v) for p, v in versions]}}))
     trainer.close()
-    """, fresh=True)
+    """,
+        fresh=True,
+    )
     by_release = [device for thread, device in report["seen"] if thread == "releaser"]
     assert by_release and set(by_release) == {1}, report
     assert report["out"] == [None], report

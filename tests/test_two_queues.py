@@ -82,7 +82,10 @@ COUNTED = """
         count(name)
 """
 
-ONE_THREAD = COUNTED + TRAINERS + """
+ONE_THREAD = (
+    COUNTED
+    + TRAINERS
+    + """
     a, b = trainer("A", 8), trainer("B", 3)
     out = []
     for turn in range(3):
@@ -92,6 +95,7 @@ ONE_THREAD = COUNTED + TRAINERS + """
     fix = [str(f.state) for f in nvrx_ipc_fix.status().fixes if f.name == "own_results"]
     print(json.dumps({"out": out, "fix": fix, "calls": calls}))
 """
+)
 
 
 @pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
@@ -110,7 +114,9 @@ def test_two_persistent_queues_each_finalize_takes_its_own_results(fix):
         assert not any(str(o).startswith("raised") for o in report["out"]), report  # silent
 
 
-NOT_PERSISTENT = TRAINERS + """
+NOT_PERSISTENT = (
+    TRAINERS
+    + """
     a, b = trainer("A", 8, cached=False), trainer("B", 3, cached=False)
     queue = a.core.AsyncCallsQueue(persistent=False)  # a process forked for each save
     for made in (a, b):
@@ -123,6 +129,7 @@ NOT_PERSISTENT = TRAINERS + """
     queue.close()
     print(json.dumps({"out": out}))
 """
+)
 
 
 @pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
@@ -137,7 +144,9 @@ def test_a_queue_that_forks_a_process_per_save_with_two_saves_in_flight(fix):
         assert any(str(o).startswith("unloadable") for o in report["out"]), report
 
 
-THREADS = TRAINERS + """
+THREADS = (
+    TRAINERS
+    + """
     trainers = {"A": trainer("A", 8), "B": trainer("B", 3)}
     saved, errors = {name: [] for name in trainers}, []
 
@@ -158,6 +167,7 @@ THREADS = TRAINERS + """
     [made.close() for made in trainers.values()]
     print(json.dumps({"out": out, "errors": errors, "alive": [t.is_alive() for t in threads]}))
 """
+)
 
 
 def test_two_threads_each_saving_on_its_own_queue():
@@ -165,8 +175,9 @@ def test_two_threads_each_saving_on_its_own_queue():
     order of their writes and finalizes is the threads' (without the fix, 1 run in 3 lost a
     save under load); every save loads."""
     report = run_python(THREADS, timeout=300)
-    assert report == {"out": {"A": [0] * 4, "B": [0] * 4}, "errors": [],
-                      "alive": [False, False]}, report
+    assert report == {"out": {"A": [0] * 4, "B": [0] * 4}, "errors": [], "alive": [False, False]}, (
+        report
+    )
 
 
 NO_QUEUE = """
@@ -192,11 +203,17 @@ REPORT = """
 def test_without_a_queue_of_its_own_a_save_is_nvrx_s_with_one_warning():
     """The fix cannot make a queue (forced): NVRx's shared queue stays, one RuntimeWarning,
     ``status()`` says why; saves one at a time load, as they do with NVRx alone."""
-    report = run_python(NO_QUEUE + TRAINERS + """
+    report = run_python(
+        NO_QUEUE
+        + TRAINERS
+        + """
     a = trainer("A", 8)
     out = [outcome(a, *a.save()[2:]) for _ in range(3)]
     a.close()
-    """ + REPORT, timeout=240)
+    """
+        + REPORT,
+        timeout=240,
+    )
     assert report["out"] == [0] * 3, report
     assert len(report["warnings"]) == 1, report
     assert "no queue of its own (test)" in report["warnings"][0], report
@@ -208,7 +225,10 @@ def test_without_queues_of_their_own_saves_in_flight_at_once_raise():
     """The same, with two saves in flight at once on the shared queue: the package cannot
     tell whose results are whose, so each finalize raises instead of writing the other's
     metadata; saves one at a time after that load."""
-    report = run_python(NO_QUEUE + TRAINERS + """
+    report = run_python(
+        NO_QUEUE
+        + TRAINERS
+        + """
     a, b = trainer("A", 8), trainer("B", 3)
     out = []
     b_first(a, b, 0)
@@ -218,15 +238,21 @@ def test_without_queues_of_their_own_saves_in_flight_at_once_raise():
             made.save(wait=False)
             out += finalized(made)
     a.close(); b.close()
-    """ + REPORT, timeout=240)
+    """
+        + REPORT,
+        timeout=240,
+    )
     raised = report["out"][:2]
-    assert all(o.startswith("raised") and "cannot be told from another's" in o
-               for o in raised), report
+    assert all(o.startswith("raised") and "cannot be told from another's" in o for o in raised), (
+        report
+    )
     assert report["out"][2:] == [0] * 4, report
     assert len(report["warnings"]) == 1 and report["state"] == "error", report
 
 
-ABORTED = TRAINERS + """
+ABORTED = (
+    TRAINERS
+    + """
     import inspect
     a = trainer("A", 8)
     done = os.path.join(directory, "done")
@@ -239,6 +265,7 @@ ABORTED = TRAINERS + """
     b.close()
     print(json.dumps({"out": out}))
 """
+)
 
 
 @pytest.mark.skipif(NVRX == "0.4.1", reason=lacks("has no close(abort=True)"))
@@ -263,8 +290,9 @@ def test_the_save_in_flight_when_the_manager_dies_raises_once_and_the_next_saves
     that save's finalize raises once (its results cannot come back), a second finalize raises
     nothing, and the saves after it start a new manager and load. Without the package NVRx
     waits for ever (0.4.1-0.7.0)."""
-    report = scenario(["save", "save-async", "kill-manager", "finalize", "save?", "save?"],
-                      fix=fix, timeout=60)
+    report = scenario(
+        ["save", "save-async", "kill-manager", "finalize", "save?", "save?"], fix=fix, timeout=60
+    )
     assert report["saves"][0]["stale"] == 0, report
     if not fix:
         assert report["hang"] is not None and report["hang"]["step"] >= 3, report
@@ -317,7 +345,8 @@ def test_the_next_save_s_queue_is_made_off_the_training_thread():
 def test_the_new_manager_becomes_nvrx_s_own():
     """After NVRx's manager died, the new one is NVRx's: ``get_write_results_queue()`` (or
     0.4.1's and 0.5.0's ``_get_write_results_queue()``) gives a queue of it, which works."""
-    found = run_python("""
+    found = run_python(
+        """
         import json, os, signal, tempfile
         from harness import scenario
         from nvrx_ipc_fix.core import shapes
@@ -335,7 +364,9 @@ def test_the_new_manager_becomes_nvrx_s_own():
         print(json.dumps({"stale": trainer.stale_tensors(path, version), "got": queue.get(),
                           "new": shapes.results_manager_process(fs).pid != first.pid}))
         trainer.close()
-    """, timeout=300)
+    """,
+        timeout=300,
+    )
     assert found == {"stale": 0, "got": "ok", "new": True}, found
 
 
@@ -345,7 +376,8 @@ def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
     exits at once, though a thread of the parent's held ``multiprocessing``'s lock of
     proxies at the fork (as the fix's thread does while it makes a queue); the parent's
     next saves take theirs and load."""
-    found = run_python("""
+    found = run_python(
+        """
         import json, multiprocessing, os, tempfile, threading, time
         from multiprocessing import managers
         from harness import scenario
@@ -393,5 +425,7 @@ def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
         out += [trainer.stale_tensors(*trainer.save()[2:]) for _ in range(2)]
         trainer.close()
         print(json.dumps({"child": child, "out": out}))
-    """, timeout=300)
+    """,
+        timeout=300,
+    )
     assert found == {"child": ["mine", 1], "out": [0] * 4}, found

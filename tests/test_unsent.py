@@ -20,9 +20,14 @@ BOUND = 15.0  # seconds within which the error must come (it comes as the feeder
 PICKLING = {"TypeError", "AttributeError", "PicklingError"}
 
 
-@pytest.mark.parametrize("kind, waits_in", [("lock", "schedule_async_call"),
-                                            ("lambda", "schedule_async_call"),
-                                            ("lambda-nopreload", "is_current_async_call_done")])
+@pytest.mark.parametrize(
+    "kind, waits_in",
+    [
+        ("lock", "schedule_async_call"),
+        ("lambda", "schedule_async_call"),
+        ("lambda-nopreload", "is_current_async_call_done"),
+    ],
+)
 def test_without_the_package_a_request_that_cannot_be_pickled_waits_for_ever(kind, waits_in):
     report = scenario(["save", f"fault-{kind}", "save"], fix=False, timeout=10)
     hang = report["hang"]
@@ -35,8 +40,7 @@ def test_with_the_package_it_raises_at_once_and_the_next_save_loads():
     package's note; the save's finalize raises once; the next save loads. A request without
     a ``preload_fn``: its finalize raises, once. The worker stays; the close at the end
     does not wait (NVRx's queues hold no task for the dropped requests)."""
-    steps = ["save", "fault-lock", "save", "fault-lambda", "save", "fault-lambda-nopreload",
-             "save"]
+    steps = ["save", "fault-lock", "save", "fault-lambda", "save", "fault-lambda-nopreload", "save"]
     report = scenario(steps, timeout=30)
     assert report["hang"] is None, report["stderr"]
     lock, lam, nopreload = report["faults"]
@@ -64,11 +68,16 @@ def test_two_ranks_one_request_that_cannot_be_pickled_every_rank_raises_then_sav
     """Only rank 0's request cannot be pickled: rank 0's schedule raises at once, and the
     save's finalize, where every rank meets in NVRx's all-reduce, raises on both ranks
     (rank 1 learns of rank 0's failure there); then both save, and load."""
-    reports = scenario_ranks("save,fault-lock@0,save", tmp_path, timeout=20, backstop=200,
-                             flags=["--finalize", "blocking"])
+    reports = scenario_ranks(
+        "save,fault-lock@0,save",
+        tmp_path,
+        timeout=20,
+        backstop=200,
+        flags=["--finalize", "blocking"],
+    )
     for rank, report in enumerate(reports):
         assert report["hang"] is None, report["stderr"]
-        outcome, = report["faults"]
+        (outcome,) = report["faults"]
         finalized = outcome["again"] if rank == 0 else outcome["error"]
         assert finalized["type"] == "CheckpointWorkerError", outcome
         assert finalized["failed_ranks"] == [0], outcome

@@ -11,7 +11,6 @@ On the CPU megatron-core's worker is forked after its CUDA device calls were mad
 (``fakecuda``), NVRx's from a forkserver (``scenario.start_workers_from_forkserver``); the
 GPU run (BENCHMARKS.md) runs PR #6971's own file with spawn."""
 
-
 import pytest
 
 from conftest import MCORE, NVRX, run_python
@@ -87,10 +86,12 @@ CONTRACT = r"""
     print(json.dumps(out))
 """
 
-WORDS = {"async_fn raises": "injected fault in the worker's async_fn",
-         "async_fn exits": "exit code 17",
-         "preload_fn raises": "injected fault in the worker's preload_fn",
-         "preload_fn exits": "exit code 17"}
+WORDS = {
+    "async_fn raises": "injected fault in the worker's async_fn",
+    "async_fn exits": "exit code 17",
+    "preload_fn raises": "injected fault in the worker's preload_fn",
+    "preload_fn exits": "exit code 17",
+}
 
 
 def contract(impl, fix=True):
@@ -98,11 +99,22 @@ def contract(impl, fix=True):
     return run_python(code.replace("sys.argv[1]", repr(impl)), fix=fix, timeout=240)
 
 
-@pytest.mark.parametrize("impl", [
-    pytest.param("nvrx", marks=pytest.mark.skipif(NVRX is None, reason="no NVRx here")),
-    pytest.param("mcore", marks=[pytest.mark.mcore, pytest.mark.skipif(
-        MCORE is None, reason="megatron-core is not installed here (the py311-megatron env)")]),
-])
+@pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param("nvrx", marks=pytest.mark.skipif(NVRX is None, reason="no NVRx here")),
+        pytest.param(
+            "mcore",
+            marks=[
+                pytest.mark.mcore,
+                pytest.mark.skipif(
+                    MCORE is None,
+                    reason="megatron-core is not installed here (the py311-megatron env)",
+                ),
+            ],
+        ),
+    ],
+)
 def test_a_failed_worker_meets_megatron_lm_pr_6971_s_contract(impl):
     result = contract(impl)
     for name, got in result.items():

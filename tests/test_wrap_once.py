@@ -38,7 +38,9 @@ COUNTING = """
     def _report(trainer):  # the calls so far (not those after: the report is printed last)
         return {"calls": {key: list(calls) for key, calls in _calls.items()}}
 """
-COUNT = COUNTING + """
+COUNT = (
+    COUNTING
+    + """
     import torch.distributed as _dist
     _core = importlib.import_module(IMPL)
     _count(_core.PersistentAsyncCaller, "is_current_async_call_done", "original done")
@@ -49,26 +51,46 @@ COUNT = COUNTING + """
     _count(_core.PersistentAsyncCaller, "is_current_async_call_done", "finalize's done", True)
     _s.EXTRA_STEPS["calls"] = _report
 """
-IMPLS = {"nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
-         "mcore": "megatron.core.dist_checkpointing.strategies.async_utils"}
+)
+IMPLS = {
+    "nvrx": "nvidia_resiliency_ext.checkpointing.async_ckpt.core",
+    "mcore": "megatron.core.dist_checkpointing.strategies.async_utils",
+}
 
 
 @pytest.mark.worker
-@pytest.mark.parametrize("impl", [
-    pytest.param("nvrx", marks=pytest.mark.skipif(NVRX is None, reason="no NVRx here")),
-    pytest.param("mcore", marks=[pytest.mark.mcore, pytest.mark.skipif(
-        MCORE is None, reason="megatron-core is not installed here (the py311-megatron env)")]),
-])
-@pytest.mark.parametrize("finalize, no_dist", [("blocking", False), ("poll", False),
-                                               ("poll", True)])
+@pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param("nvrx", marks=pytest.mark.skipif(NVRX is None, reason="no NVRx here")),
+        pytest.param(
+            "mcore",
+            marks=[
+                pytest.mark.mcore,
+                pytest.mark.skipif(
+                    MCORE is None,
+                    reason="megatron-core is not installed here (the py311-megatron env)",
+                ),
+            ],
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "finalize, no_dist", [("blocking", False), ("poll", False), ("poll", True)]
+)
 def test_the_finalize_calls_nvrx_s_check_and_its_collective_once_and_adds_none(
-        impl, finalize, no_dist):
+    impl, finalize, no_dist
+):
     """``is_current_async_call_done``: NVRx's own, once per call, with the same arguments;
     with ``no_dist=False`` its own ``sync_all_async_calls``, once per call, carries the
     failure; no other collective, on a failed save's finalize either."""
-    report = scenario(["save", "fault-kill", "save", "calls#calls"],
-                      prelude=COUNT.replace("IMPL", repr(IMPLS[impl])), finalize=finalize,
-                      no_dist=no_dist, impl=impl)
+    report = scenario(
+        ["save", "fault-kill", "save", "calls#calls"],
+        prelude=COUNT.replace("IMPL", repr(IMPLS[impl])),
+        finalize=finalize,
+        no_dist=no_dist,
+        impl=impl,
+    )
     assert report["hang"] is None, report["stderr"]
     assert [s["stale"] for s in report["saves"] if not s.get("lost")] == [0, 0]
     assert report["faults"][0]["error"]["type"] == "CheckpointWorkerError", report["faults"]
@@ -79,12 +101,13 @@ def test_the_finalize_calls_nvrx_s_check_and_its_collective_once_and_adds_none(
     # NVRx's own: one all-reduce per check, one per save finalized (its call_idx check, which
     # megatron-core makes with no_dist too)
     per_save = 0 if no_dist and impl == "nvrx" else 2
-    assert len(calls.get("all_reduce", [])) == len(calls.get("original sync", [])) + per_save, \
-        calls
+    assert len(calls.get("all_reduce", [])) == len(calls.get("original sync", [])) + per_save, calls
     assert not {"all_gather_object", "broadcast_object_list", "barrier"} & set(calls), calls
 
 
-CLOSES = COUNTING + f"""
+CLOSES = (
+    COUNTING
+    + f"""
     import sys, types
     sys.path.insert(0, {DOUBLES!r})
     from megatron.bridge.training import checkpointing as _bridge
@@ -100,6 +123,7 @@ CLOSES = COUNTING + f"""
 
     _s.EXTRA_STEPS.update(terminate=_terminate, calls=_report)
 """
+)
 
 
 @needs_nvrx
@@ -108,9 +132,19 @@ def test_a_close_or_terminate_that_meets_a_failure_runs_once():
     """NVRx's ``close()`` and Bridge's ``maybe_finalize_async_save(terminate=True)`` (its test
     double; the real Megatron's: test_frameworks.py), each called once although the finalize
     they start with raises: the close is still done, then the failure raised."""
-    report = scenario(["save", "fault-kill-async", "close?#close", "save",
-                       "fault-raise-async", "terminate?#terminate", "save", "calls#calls"],
-                      prelude=CLOSES)
+    report = scenario(
+        [
+            "save",
+            "fault-kill-async",
+            "close?#close",
+            "save",
+            "fault-raise-async",
+            "terminate?#terminate",
+            "save",
+            "calls#calls",
+        ],
+        prelude=CLOSES,
+    )
     assert report["hang"] is None, report["stderr"]
     for name in ("close", "terminate"):
         call = report["named"][name]
@@ -129,8 +163,10 @@ def test_the_failure_flag_in_nvrx_s_one_int_names_a_lone_failed_rank(world):
     from nvrx_ipc_fix.fixes.worker_watch import _decode, _flagged
 
     def summed(failed, writing=()):
-        values = [_flagged(r in writing, r, world) if r in failed else int(r in writing)
-                  for r in range(world)]
+        values = [
+            _flagged(r in writing, r, world) if r in failed else int(r in writing)
+            for r in range(world)
+        ]
         total = sum(values) % (1 << 32)
         return _decode(total - (1 << 32) if total >= 1 << 31 else total, world)
 

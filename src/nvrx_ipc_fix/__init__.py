@@ -17,27 +17,51 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:  # what __getattr__ loads on demand, as type checkers should see it
     from typing import Any
 
-    from .core.errors import (CheckpointWorkerError, PersistentAsyncWorkerError,
-                              RanksWithoutPackageError)
+    from .core.errors import (
+        CheckpointWorkerError,
+        PersistentAsyncWorkerError,
+        RanksWithoutPackageError,
+    )
     from .core.status import FixStatus, State, Status, TargetStatus
     from .ray_hook import ray_runtime_env
     from .worker.prewarm import PrewarmReport, prewarm
     from .worker.release import ReleaseReport, offloading, release
 
-__all__ = ["activate", "deactivate", "status", "release", "offloading", "ReleaseReport",
-           "prewarm", "PrewarmReport", "CheckpointWorkerError", "PersistentAsyncWorkerError",
-           "RanksWithoutPackageError", "ray_runtime_env",
-           "ray_worker_setup", "State", "Status",
-           "FixStatus",
-           "TargetStatus"]
+__all__ = [
+    "activate",
+    "deactivate",
+    "status",
+    "release",
+    "offloading",
+    "ReleaseReport",
+    "prewarm",
+    "PrewarmReport",
+    "CheckpointWorkerError",
+    "PersistentAsyncWorkerError",
+    "RanksWithoutPackageError",
+    "ray_runtime_env",
+    "ray_worker_setup",
+    "State",
+    "Status",
+    "FixStatus",
+    "TargetStatus",
+]
 
-_LAZY = {"State": "core.status", "Status": "core.status", "FixStatus": "core.status",
-         "TargetStatus": "core.status", "release": "worker.release",
-         "offloading": "worker.release", "ReleaseReport": "worker.release",
-         "prewarm": "worker.prewarm", "PrewarmReport": "worker.prewarm",
-         "CheckpointWorkerError": "core.errors", "PersistentAsyncWorkerError": "core.errors",
-         "RanksWithoutPackageError": "core.errors",
-         "ray_runtime_env": "ray_hook"}
+_LAZY = {
+    "State": "core.status",
+    "Status": "core.status",
+    "FixStatus": "core.status",
+    "TargetStatus": "core.status",
+    "release": "worker.release",
+    "offloading": "worker.release",
+    "ReleaseReport": "worker.release",
+    "prewarm": "worker.prewarm",
+    "PrewarmReport": "worker.prewarm",
+    "CheckpointWorkerError": "core.errors",
+    "PersistentAsyncWorkerError": "core.errors",
+    "RanksWithoutPackageError": "core.errors",
+    "ray_runtime_env": "ray_hook",
+}
 
 
 def ray_worker_setup() -> None:

@@ -40,18 +40,24 @@ def ray_runtime_env(runtime_env: Mapping[str, Any] | None = None) -> dict[str, A
     not from an actor's or a task's options.
     """
     if runtime_env is not None and not isinstance(runtime_env, Mapping):
-        raise TypeError(f"runtime_env must be a dict (Ray's runtime_env) or None, not "
-                        f"{type(runtime_env).__name__}: {runtime_env!r:.80}")
+        raise TypeError(
+            f"runtime_env must be a dict (Ray's runtime_env) or None, not "
+            f"{type(runtime_env).__name__}: {runtime_env!r:.80}"
+        )
     env = dict(runtime_env or {})
     given = env.get("env_vars")
     if given is not None and not isinstance(given, Mapping):
-        raise TypeError(f"runtime_env['env_vars'] must be a dict of str to str or None, not "
-                        f"{type(given).__name__}")
+        raise TypeError(
+            f"runtime_env['env_vars'] must be a dict of str to str or None, not "
+            f"{type(given).__name__}"
+        )
     env_vars = dict(given or {})
     bad = [(k, v) for k, v in env_vars.items() if not (isinstance(k, str) and isinstance(v, str))]
     if bad:
-        raise TypeError(f"runtime_env['env_vars'] must map str to str (Ray's rule); "
-                        f"{bad[0][0]!r}: {bad[0][1]!r} is not")
+        raise TypeError(
+            f"runtime_env['env_vars'] must map str to str (Ray's rule); "
+            f"{bad[0][0]!r}: {bad[0][1]!r} is not"
+        )
     for name, value in os.environ.items():
         if name.startswith("NVRX_IPC_FIX_"):
             env_vars.setdefault(name, value)
@@ -65,11 +71,14 @@ def _hook(then):
     if getattr(then, "__name__", None) == "nvrx_ipc_fix_setup" or then == STRING_HOOK:
         then = None  # ours already (ray_runtime_env applied twice, or the string form)
     if then is not None and not (callable(then) or isinstance(then, str)):
-        raise TypeError(f"worker_process_setup_hook must be a callable or a string, got "
-                        f"{type(then).__name__}")
+        raise TypeError(
+            f"worker_process_setup_hook must be a callable or a string, got {type(then).__name__}"
+        )
     if isinstance(then, str) and not _DOTTED.fullmatch(then):
-        raise ValueError(f"worker_process_setup_hook must be a callable or a "
-                         f"'module.function' string, not {then!r}")
+        raise ValueError(
+            f"worker_process_setup_hook must be a callable or a "
+            f"'module.function' string, not {then!r}"
+        )
 
     def nvrx_ipc_fix_setup():
         """Activate nvrx_ipc_fix in this Ray worker if it is importable (source ray-hook)."""
@@ -85,8 +94,9 @@ def _hook(then):
                     sys.stderr.write(
                         f"nvrx_ipc_fix: not importable in this Ray worker ({sys.executable}, "
                         f"pid {os.getpid()}): NVRx checkpoints saved here run without the fix. "
-                        f"Check with `python -m nvrx_ipc_fix doctor --python {sys.executable}`\n")
-            except Exception:  # noqa: BLE001 no stderr: the worker goes on
+                        f"Check with `python -m nvrx_ipc_fix doctor --python {sys.executable}`\n"
+                    )
+            except (OSError, ValueError, AttributeError):  # no stderr: the worker goes on
                 pass
         except Exception:  # noqa: BLE001 a broken install: never stop the worker
             nvrx_ipc_fix = None

@@ -18,8 +18,11 @@ def _cuda():
     return torch.cuda.is_available()
 
 
-pytestmark = [pytest.mark.gpu, needs_cache,
-              pytest.mark.skipif(not _cuda(), reason="no CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    needs_cache,
+    pytest.mark.skipif(not _cuda(), reason="no CUDA device"),
+]
 
 TENSORS, NUMEL = 8, (64 << 20) // 4 // 8  # a 64 MiB model
 MODEL = TENSORS * NUMEL * 4
@@ -74,8 +77,22 @@ def test_restart_leaves_no_worker_and_the_prewarmed_worker_takes_the_next_save()
 
 # -- suspend: the CUDA driver's process checkpoint API on a real worker ---------------------
 
-SUSPEND_CYCLE = ["save", "save", "probe", "suspend", "offload", "measure", "onload", "resumed",
-                 "probe", "save", "suspend", "prewarm", "resumed", "save"]
+SUSPEND_CYCLE = [
+    "save",
+    "save",
+    "probe",
+    "suspend",
+    "offload",
+    "measure",
+    "onload",
+    "resumed",
+    "probe",
+    "save",
+    "suspend",
+    "prewarm",
+    "resumed",
+    "save",
+]
 
 
 def test_suspend_leaves_nothing_of_the_worker_on_the_device_and_keeps_it():
@@ -94,8 +111,7 @@ def test_suspend_leaves_nothing_of_the_worker_on_the_device_and_keeps_it():
 
 
 def test_a_worker_killed_while_suspended_is_one_error_and_the_next_save_loads():
-    report = run(["save", "save", "suspend", "kill-worker", "offload", "onload", "save?",
-                  "save"])
+    report = run(["save", "save", "suspend", "kill-worker", "offload", "onload", "save?", "save"])
     assert report["hang"] is None
     (call,) = report["calls"]
     assert call["error"]["type"] == "CheckpointWorkerError", call
@@ -124,8 +140,12 @@ def test_a_lock_on_a_worker_that_maps_the_trainers_memory_ends_in_time_and_the_n
     worker (the next save takes a fresh one); a worker that died under the lock or after the
     restore (seen on the H200, driver 580: the suspend succeeds, the next save meets a dead
     worker) is one error, from the save after it."""
-    report = scenario(["save", "save", "suspend-unflushed#unflushed", "save?", "save"],
-                      tensors=TENSORS, numel=NUMEL, prelude=LOCK_WHILE_MAPPED)
+    report = scenario(
+        ["save", "save", "suspend-unflushed#unflushed", "save?", "save"],
+        tensors=TENSORS,
+        numel=NUMEL,
+        prelude=LOCK_WHILE_MAPPED,
+    )
     assert report["hang"] is None
     unflushed = report["named"]["unflushed"]
     (call,) = report["calls"]
@@ -136,8 +156,20 @@ def test_a_lock_on_a_worker_that_maps_the_trainers_memory_ends_in_time_and_the_n
 
 
 def test_without_the_driver_api_suspend_falls_back_to_restart_with_one_line():
-    report = run(["driver-absent", "save", "save", "suspend", "offload", "measure", "onload",
-                  "prewarm", "ready", "save"])
+    report = run(
+        [
+            "driver-absent",
+            "save",
+            "save",
+            "suspend",
+            "offload",
+            "measure",
+            "onload",
+            "prewarm",
+            "ready",
+            "save",
+        ]
+    )
     release = report["releases"][0]
     assert release["strategy"] == "restart" and release["worker_terminated"], release
     assert report["measures"][0]["workers"] == 0
@@ -146,10 +178,15 @@ def test_without_the_driver_api_suspend_falls_back_to_restart_with_one_line():
 
 
 def test_two_ranks_on_one_device_suspend_their_own_workers_and_a_kill_on_one_is_one_error_each(
-        tmp_path):
+    tmp_path,
+):
     """gloo: NCCL refuses two ranks on one device. Rank 1's worker is killed while suspended."""
-    reports = scenario_ranks("save,save,suspend,offload,measure,onload,save,suspend,"
-                             "kill-worker@1,offload,onload,save?,save", tmp_path, backstop=300)
+    reports = scenario_ranks(
+        "save,save,suspend,offload,measure,onload,save,suspend,"
+        "kill-worker@1,offload,onload,save?,save",
+        tmp_path,
+        backstop=300,
+    )
     for report in reports:
         assert report["hang"] is None
         assert [r["worker_suspended"] for r in report["releases"]] == [True, True]

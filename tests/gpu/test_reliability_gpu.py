@@ -15,22 +15,38 @@ from test_orphans import killed, trainer  # noqa: F401 (the fixture)
 
 from gpu.test_gpu import _cuda
 
-pytestmark = [pytest.mark.gpu, needs_cache,
-              pytest.mark.skipif(not _cuda(), reason="no CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    needs_cache,
+    pytest.mark.skipif(not _cuda(), reason="no CUDA device"),
+]
 
 TENSORS, NUMEL = 16, (2 << 30) // 4 // 16  # a 2 GiB model
 STATES = {
     "idle": ["save", "hold"],
     "writing": ["save", "fault-hold-async", "writing", "hold"],
-    "restart": ["save", "offloading-restart", "standby", "ready", "save", "offloading-restart",
-                "ready", "hold"],
+    "restart": [
+        "save",
+        "offloading-restart",
+        "standby",
+        "ready",
+        "save",
+        "offloading-restart",
+        "ready",
+        "hold",
+    ],
     "suspended": ["save", "suspend", "hold"],
 }
 
 
 def smi(query):
-    out = subprocess.run(["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
@@ -45,11 +61,18 @@ def compute_pids():
 @pytest.mark.parametrize("state", list(STATES))
 def test_a_killed_trainer_gives_its_gpu_back(trainer, state):  # noqa: F811
     before = used_mib()
-    one = trainer(STATES[state], tensors=TENSORS, numel=NUMEL,
-                  env={"NVRX_IPC_FIX_STANDBY": "on"} if state == "restart" else None)
+    one = trainer(
+        STATES[state],
+        tensors=TENSORS,
+        numel=NUMEL,
+        env={"NVRX_IPC_FIX_STANDBY": "on"} if state == "restart" else None,
+    )
     reached = one.reached()
-    ours = {pid for pid in (reached["trainer"], reached["worker"], reached["standby"],
-                            reached["writer"]) if pid}
+    ours = {
+        pid
+        for pid in (reached["trainer"], reached["worker"], reached["standby"], reached["writer"])
+        if pid
+    }
     on_device = compute_pids() & ours
     assert reached["trainer"] in on_device, (reached, on_device)
     if state == "suspended":  # nothing of the suspended worker is on the device

@@ -14,9 +14,12 @@ from conftest import MCORE, needs_cache, scenario
 from gpu.test_gpu import MODEL, NUMEL, TENSORS, _cuda
 from test_slime import SLIME
 
-pytestmark = [pytest.mark.gpu, needs_cache,
-              pytest.mark.skipif(not _cuda(), reason="no CUDA device"),
-              pytest.mark.skipif(MCORE is None, reason="needs megatron-core")]
+pytestmark = [
+    pytest.mark.gpu,
+    needs_cache,
+    pytest.mark.skipif(not _cuda(), reason="no CUDA device"),
+    pytest.mark.skipif(MCORE is None, reason="needs megatron-core"),
+]
 
 STEPS = ["save_model", "save_model", "measure", "save_model", "measure", "onload", "finalize"]
 
@@ -33,5 +36,6 @@ def test_without_the_package_slime_s_offload_leaves_the_model_allocated():
 def test_with_the_package_slime_s_offload_frees_the_model():
     report = run(SLIME)
     assert report["hang"] is None and [s["stale"] for s in report["saves"]] == [0, 0, 0]
-    assert all(m["allocated"] < MODEL // 20 and m["workers"] == 0
-               for m in report["measures"]), report["measures"]
+    assert all(m["allocated"] < MODEL // 20 and m["workers"] == 0 for m in report["measures"]), (
+        report["measures"]
+    )

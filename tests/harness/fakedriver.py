@@ -17,13 +17,13 @@ import threading
 import time
 
 from nvrx_ipc_fix.worker import cuda_checkpoint as cc
-from nvrx_ipc_fix.worker.monitor import stat_fields
+from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
 OS_ERROR, ILLEGAL_STATE, TIMEOUT = 304, 401, 909  # CUresult codes
 FAULTS = {
     "lock-busy": "lock waits out its timeout and fails (a worker busy on the device)",
     "lock-hangs": "lock never returns, whatever its timeout (a worker that maps another "
-                  "process's memory)",
+    "process's memory)",
     "checkpoint-fails": "checkpoint fails after the lock",
     "restore-fails": "restore fails on a live worker",
     "unlock-fails": "unlock fails",
@@ -46,15 +46,19 @@ class StandIn:
         """What ``cuda_checkpoint.load`` returns: ``(Driver, None)`` or ``(None, why)``."""
         if "absent" in self.faults:
             return None, "this CUDA driver has no process checkpoint API (stand-in)"
-        return cc.Driver({
-            "cuInit": lambda flags: 0,
-            "cuDriverGetVersion": lambda out: self._out(out, cc.FIRST_VERSION),
-            "cuCheckpointProcessGetState": self._state,
-            "cuCheckpointProcessLock": self._lock,
-            "cuCheckpointProcessCheckpoint": self._step("checkpoint", cc.LOCKED,
-                                                        cc.CHECKPOINTED),
-            "cuCheckpointProcessRestore": self._step("restore", cc.CHECKPOINTED, cc.LOCKED),
-            "cuCheckpointProcessUnlock": self._unlock}), None
+        return cc.Driver(
+            {
+                "cuInit": lambda flags: 0,
+                "cuDriverGetVersion": lambda out: self._out(out, cc.FIRST_VERSION),
+                "cuCheckpointProcessGetState": self._state,
+                "cuCheckpointProcessLock": self._lock,
+                "cuCheckpointProcessCheckpoint": self._step(
+                    "checkpoint", cc.LOCKED, cc.CHECKPOINTED
+                ),
+                "cuCheckpointProcessRestore": self._step("restore", cc.CHECKPOINTED, cc.LOCKED),
+                "cuCheckpointProcessUnlock": self._unlock,
+            }
+        ), None
 
     @staticmethod
     def _out(pointer, value):
@@ -109,6 +113,7 @@ class StandIn:
                 return ILLEGAL_STATE
             self.states[pid] = after
             return 0
+
         return call
 
     def _unlock(self, pid, args):

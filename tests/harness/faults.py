@@ -112,8 +112,11 @@ def describe_cache(path):
 
     cache = worker_data_cache(sys.modules[CORE])
     with open("/proc/self/maps") as maps:
-        shm = {line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
-               for line in maps if "/dev/shm/" in line or "torch_" in line}
+        shm = {
+            line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
+            for line in maps
+            if "/dev/shm/" in line or "torch_" in line
+        }
     with open(path, "w") as out:
         json.dump({"pid": os.getpid(), "keys": sorted(cache), "shm_segments": len(shm)}, out)
 
@@ -130,8 +133,11 @@ KINDS = {
     "stop": ("write", "SIGSTOP while writing, SIGCONT later"),
     "lock": ("request", "a threading.Lock in the request: it cannot be pickled"),
     "lambda": ("request", "the request's async_fn is a lambda: it cannot be pickled"),
-    "lambda-nopreload": ("request", "the same, in a request without a preload_fn (NVRx does "
-                                    "not wait for its worker in the schedule)"),
+    "lambda-nopreload": (
+        "request",
+        "the same, in a request without a preload_fn (NVRx does "
+        "not wait for its worker in the schedule)",
+    ),
     "hold": ("write", "blocks in its write until killed (the file `writing` says it is there)"),
     "hold-tree": ("write", "the same, above a chain of 300 shells it started"),
 }

@@ -78,6 +78,7 @@ class _Viewed:
                 view.fail -= 1
                 raise dist.DistStoreError(f"injected failure of the store's {name}")
             return method(*args)
+
         return call
 
 
@@ -104,16 +105,32 @@ class Rank:
     def __init__(self, spec):
         self.spec, self.rank, self.world = spec, spec["rank"], spec["world"]
         self.directory, self.inits = spec["dir"], 0
-        self.report = {"rank": self.rank, "saves": [], "errors": [], "views": [], "peers": [],
-                       "hang": None, "step": None}
+        self.report = {
+            "rank": self.rank,
+            "saves": [],
+            "errors": [],
+            "views": [],
+            "peers": [],
+            "hang": None,
+            "step": None,
+        }
         self.view = None if spec.get("view") is None else StoreView(**spec["view"])
         self.store = self._tcp() if spec.get("store") == "tcp" else None
         self._init()
-        self.trainer = Trainer(self.directory, n_tensors=2, numel=512, rank=self.rank,
-                               world_size=self.world, starts="forkserver")
+        self.trainer = Trainer(
+            self.directory,
+            n_tensors=2,
+            numel=512,
+            rank=self.rank,
+            world_size=self.world,
+            starts="forkserver",
+        )
         # a rank-local checkpoint has its queue (and worker) of its own, as an EMA's would
-        alone = self.trainer.core.AsyncCallsQueue(**kwargs_accepted(
-            self.trainer.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=True))
+        alone = self.trainer.core.AsyncCallsQueue(
+            **kwargs_accepted(
+                self.trainer.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=True
+            )
+        )
         fakecuda.mark_queue(alone)
         self.queues = {"save": self.trainer.queue, "alone": alone}
 
@@ -122,25 +139,35 @@ class Rank:
         others read from a file."""
         path = os.path.join(self.directory, "port")
         if self.rank == 0:
-            store = dist.TCPStore("127.0.0.1", 0, self.world, True,
-                                  timeout=timedelta(seconds=60), wait_for_workers=False)
+            store = dist.TCPStore(
+                "127.0.0.1",
+                0,
+                self.world,
+                True,
+                timeout=timedelta(seconds=60),
+                wait_for_workers=False,
+            )
             with open(path + ".tmp", "w") as out:
                 out.write(str(store.port))
             os.replace(path + ".tmp", path)
             return store
         gates.wait_for(path)
         with open(path) as port:
-            return dist.TCPStore("127.0.0.1", int(port.read()), self.world, False,
-                                 timeout=timedelta(seconds=60))
+            return dist.TCPStore(
+                "127.0.0.1", int(port.read()), self.world, False, timeout=timedelta(seconds=60)
+            )
 
     def _init(self):
         self.inits += 1
         if self.store is not None:
-            dist.init_process_group("gloo", store=self.store, rank=self.rank,
-                                    world_size=self.world)
+            dist.init_process_group("gloo", store=self.store, rank=self.rank, world_size=self.world)
         else:
-            dist.init_process_group("gloo", rank=self.rank, world_size=self.world,
-                                    init_method=f"file://{self.directory}/pg{self.inits}")
+            dist.init_process_group(
+                "gloo",
+                rank=self.rank,
+                world_size=self.world,
+                init_method=f"file://{self.directory}/pg{self.inits}",
+            )
         # every rank makes every group (torch's rule); this rank saves alone in its own
         self.own = [dist.new_group([r]) for r in range(self.world)][self.rank]
 
@@ -194,9 +221,15 @@ class Rank:
             n = 1 + sum(saved["name"].startswith(kind) for saved in self.report["saves"])
             trainer.version = n - 1 + 100 * alone
             trainer.directory = os.path.join(self.directory, f"rank{self.rank}" * alone)
-            saved = {"name": f"{kind}{n}", "version": trainer.version + 1, "error": None,
-                     "loads": None, "no_dist": alone, "scheduled": False,
-                     "path": os.path.join(trainer.directory, f"ckpt{trainer.version + 1}")}
+            saved = {
+                "name": f"{kind}{n}",
+                "version": trainer.version + 1,
+                "error": None,
+                "loads": None,
+                "no_dist": alone,
+                "scheduled": False,
+                "path": os.path.join(trainer.directory, f"ckpt{trainer.version + 1}"),
+            }
             self.report["saves"].append(saved)
             if not self._call(saved, "schedule", self._schedule, saved, alone):
                 return bool(self.spec.get("stop_on_error"))
@@ -213,8 +246,9 @@ class Rank:
             gates.open_gate(os.path.join(self.directory, f"{step[7:]}.{self.rank}"))
         elif step.startswith("wait-"):
             for other in set(range(self.world)) - {self.rank}:
-                gates.wait_for(os.path.join(self.directory, f"{step[5:]}.{other}"),
-                               self.spec["timeout"])
+                gates.wait_for(
+                    os.path.join(self.directory, f"{step[5:]}.{other}"), self.spec["timeout"]
+                )
         elif step.startswith("sleep-"):
             time.sleep(float(step[6:]))
         elif step == "regroup":
@@ -246,10 +280,14 @@ class Rank:
             raise
         except BaseException as exc:  # noqa: BLE001 the verdict: recorded (torch's
             # CheckpointException is a BaseException)
-            error = {"phase": phase, "type": type(exc).__name__,
-                     "message": str(exc).splitlines()[0][:400], "text": str(exc)[-2000:],
-                     "ranks": list(getattr(exc, "ranks", ()) or ()),
-                     "finalized": list(getattr(exc, "finalized", ()) or ())}
+            error = {
+                "phase": phase,
+                "type": type(exc).__name__,
+                "message": str(exc).splitlines()[0][:400],
+                "text": str(exc)[-2000:],
+                "ranks": list(getattr(exc, "ranks", ()) or ()),
+                "finalized": list(getattr(exc, "finalized", ()) or ()),
+            }
             saved["error"] = saved["error"] or error
             self.report["errors"].append(dict(error, save=saved["name"]))
             return False

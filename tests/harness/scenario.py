@@ -75,7 +75,7 @@ import torch.distributed as dist
 from harness import faults, gates, stacks
 from nvrx_ipc_fix.cli import driver, fakecuda
 from nvrx_ipc_fix.cli.driver import HUNG, kwargs_accepted
-from nvrx_ipc_fix.worker.monitor import stat_fields
+from nvrx_ipc_fix.worker.guardian_process import stat_fields
 
 import nvrx_ipc_fix
 
@@ -164,8 +164,19 @@ class Trainer(driver.Trainer):
     ``starts``: how NVRx starts its workers, ``spawn`` (its own way) or ``forkserver``
     (``start_workers_from_forkserver``)."""
 
-    def __init__(self, directory, n_tensors=8, numel=4096, cached=True, rank=0, world_size=1,
-                 impl="nvrx", finalize="blocking", no_dist=False, starts="spawn"):
+    def __init__(
+        self,
+        directory,
+        n_tensors=8,
+        numel=4096,
+        cached=True,
+        rank=0,
+        world_size=1,
+        impl="nvrx",
+        finalize="blocking",
+        no_dist=False,
+        starts="spawn",
+    ):
         # the driver's set-up, generalized (its own is one rank on NVRx's queue): no super()
         if starts not in ("spawn", "forkserver"):
             raise ValueError(f"starts must be 'spawn' or 'forkserver', not {starts!r}")
@@ -189,10 +200,14 @@ class Trainer(driver.Trainer):
             init = "env://" if "MASTER_ADDR" in os.environ else f"file://{directory}/pg"
             # NCCL refuses two ranks on one device: ranks that share one meet over gloo
             nccl = self.cuda and world_size <= torch.cuda.device_count()
-            dist.init_process_group("nccl" if nccl else "gloo", rank=rank,
-                                    world_size=world_size, init_method=init)
-        self.queue = self.core.AsyncCallsQueue(**kwargs_accepted(
-            self.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
+            dist.init_process_group(
+                "nccl" if nccl else "gloo", rank=rank, world_size=world_size, init_method=init
+            )
+        self.queue = self.core.AsyncCallsQueue(
+            **kwargs_accepted(
+                self.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda
+            )
+        )
         self.rank, self.impl = rank, impl
         self.poll, self.no_dist = finalize == "poll", no_dist
         self.finalize_calls = 0  # maybe_finalize_async_calls calls so far
@@ -233,8 +248,12 @@ class Trainer(driver.Trainer):
         if self.cuda:
             free, total = torch.cuda.mem_get_info()
             apps = on_device()
-            found.update(device_used=total - free, workers_on_device=None if apps is None else
-                         {str(pid): mib for pid, mib in apps.items() if pid in workers})
+            found.update(
+                device_used=total - free,
+                workers_on_device=None
+                if apps is None
+                else {str(pid): mib for pid, mib in apps.items() if pid in workers},
+            )
         return found
 
     def warm_up(self):
@@ -242,7 +261,8 @@ class Trainer(driver.Trainer):
         sets a CUDA device first thing: on the CPU it is forked from here (``fakecuda``)."""
         if self.impl == "mcore" and self.core.PersistentAsyncCaller._persistent_process is None:
             self.core.AsyncCallsQueue.warmup_persistent_caller(
-                self.rank, "spawn" if self.cuda else "fork")
+                self.rank, "spawn" if self.cuda else "fork"
+            )
 
     def save(self, wait=True, fault=None):
         """Save new values; return (seconds blocked, seconds in total or None, path, version).
@@ -298,8 +318,9 @@ class Trainer(driver.Trainer):
             save_fn = faults.segfault
         elif fault == "stop":
             save_fn = partial(faults.stop_then, path + ".stopped", save_fn)
-            threading.Thread(target=self._continue_worker, args=(path + ".stopped",),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._continue_worker, args=(path + ".stopped",), daemon=True
+            ).start()
         elif fault == "write":  # the checkpoint directory becomes a file
             shutil.rmtree(path, ignore_errors=True)
             open(path, "w").close()
@@ -312,8 +333,10 @@ class Trainer(driver.Trainer):
             save_fn = lambda *args, **kwargs: real(*args, **kwargs)  # noqa: E731
             preload_fn = preload_fn if fault == "lambda" else None
         elif fault in ("hold", "hold-tree"):
-            save_fn = partial(faults.hold_tree if fault == "hold-tree" else faults.hold,
-                              os.path.join(self.directory, "writing"))
+            save_fn = partial(
+                faults.hold_tree if fault == "hold-tree" else faults.hold,
+                os.path.join(self.directory, "writing"),
+            )
         elif fault is not None:
             raise ValueError(f"unknown fault {fault!r} (known: {', '.join(faults.KINDS)})")
         return request._replace(async_fn=save_fn, preload_fn=preload_fn)
@@ -357,17 +380,41 @@ class Trainer(driver.Trainer):
             return json.load(found)
 
 
-def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, rank=0,
-        world_size=1, impl="nvrx", finalize="blocking", no_dist=False, starts="spawn"):
+def run(
+    steps,
+    directory,
+    timeout=60.0,
+    n_tensors=8,
+    numel=4096,
+    cached=True,
+    rank=0,
+    world_size=1,
+    impl="nvrx",
+    finalize="blocking",
+    no_dist=False,
+    starts="spawn",
+):
     """Run ``steps``; return the report (a JSON-ready dict)."""
     status = nvrx_ipc_fix.status()
-    report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
-              "nvrx": status.nvrx_version, "source": status.source, "fix": driver.fix_states(),
-              "steps": list(steps), "rank": rank, "impl": impl, "finalize": finalize,
-              "no_dist": no_dist, "saves": [], "named": {}, "hang": None, "log": []}
+    report = {
+        "device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
+        "nvrx": status.nvrx_version,
+        "source": status.source,
+        "fix": driver.fix_states(),
+        "steps": list(steps),
+        "rank": rank,
+        "impl": impl,
+        "finalize": finalize,
+        "no_dist": no_dist,
+        "saves": [],
+        "named": {},
+        "hang": None,
+        "log": [],
+    }
     _capture_log(report["log"])
-    trainer = Trainer(directory, n_tensors, numel, cached, rank, world_size, impl, finalize,
-                      no_dist, starts)
+    trainer = Trainer(
+        directory, n_tensors, numel, cached, rank, world_size, impl, finalize, no_dist, starts
+    )
     watchdog = Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
         step, _, label = step.partition("#")
@@ -396,10 +443,15 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096, cached=True, ra
             if checked and world_size > 1:
                 dist.barrier()  # the next step starts together, so no rank times the deletion
     status = nvrx_ipc_fix.status()
-    report.update(fix=driver.fix_states(), call_idx=sorted(trainer.call_idx),
-                  cleanups=status.cleanups, releases_total=status.releases,
-                  prewarms_total=status.prewarms, prewarm_failures=status.prewarm_failures,
-                  pinned_bytes=status.pinned_bytes)
+    report.update(
+        fix=driver.fix_states(),
+        call_idx=sorted(trainer.call_idx),
+        cleanups=status.cleanups,
+        releases_total=status.releases,
+        prewarms_total=status.prewarms,
+        prewarm_failures=status.prewarm_failures,
+        pinned_bytes=status.pinned_bytes,
+    )
     watchdog.begin(len(steps))  # the close at the end must not hang either
     trainer.close()
     if trainer.owns_group:  # else NCCL's teardown at exit can hang (megatron-core 0.19.2 loaded)
@@ -418,8 +470,13 @@ def _step(trainer, report, index, step):
         found, step = STEPS["?"], step[:-1]
     else:
         found = STEPS.get(step) or next(
-            ((key, function) for prefix, (key, function) in PREFIXED.items()
-             if step.startswith(prefix) and step != prefix), None)
+            (
+                (key, function)
+                for prefix, (key, function) in PREFIXED.items()
+                if step.startswith(prefix) and step != prefix
+            ),
+            None,
+        )
     if found is None:
         raise ValueError(f"unknown step {step!r}")
     key, function = found
@@ -435,31 +492,43 @@ def _add(report, key, entry):
 #: Step name -> (the report's list its entry goes to, or None; function(trainer, report,
 #: index, step) -> the entry or None): the driver's steps, and those below. ``PREFIXED``: the
 #: same for steps named by a prefix and an argument (``sleep2``, ``fault-kill``).
-STEPS = {name: (key, lambda trainer, report, index, step, function=function: function(trainer))
-         for name, (key, function) in driver.STEPS.items()}
+STEPS = {
+    name: (key, lambda trainer, report, index, step, function=function: function(trainer))
+    for name, (key, function) in driver.STEPS.items()
+}
 PREFIXED = {}
 
 
 def step(*names, adds=None, prefix=False):
     """Register the decorated function as the step(s) ``names`` (see ``STEPS``)."""
+
     def register(function):
         for name in names:
             (PREFIXED if prefix else STEPS)[name] = (adds, function)
         return function
+
     return register
 
 
 @step("save", "save-async", adds="saves")
 def _save(trainer, report, index, name):
     blocked, total, path, version = trainer.save(wait=name == "save")
-    return {"step": index, "blocked_s": round(blocked, 4), "total_s": total and round(total, 4),
-            "path": path, "version": version, "stale": None, "tensors": len(trainer.names),
-            "worker_before": trainer.workers[0], "worker": trainer.workers[1]}
+    return {
+        "step": index,
+        "blocked_s": round(blocked, 4),
+        "total_s": total and round(total, 4),
+        "path": path,
+        "version": version,
+        "stale": None,
+        "tensors": len(trainer.names),
+        "worker_before": trainer.workers[0],
+        "worker": trainer.workers[1],
+    }
 
 
 @step("sleep", prefix=True)
 def _sleep(trainer, report, index, name):
-    time.sleep(float(name[len("sleep"):]))
+    time.sleep(float(name[len("sleep") :]))
 
 
 class Watchdog(driver.Watchdog):
@@ -472,8 +541,12 @@ class Watchdog(driver.Watchdog):
         return None if self.trainer.phase == "fork" else super()._worker_dead()
 
     def _hang(self, step, now, died):
-        self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
-                               "worker_died": died, "waits_in": stacks.main()}
+        self.report["hang"] = {
+            "step": step,
+            "after_s": round(now - self.started, 1),
+            "worker_died": died,
+            "waits_in": stacks.main(),
+        }
         self.report["fix"] = driver.fix_states()
         HUNG.set()
         print(json.dumps(self.report), flush=True)
@@ -487,14 +560,18 @@ def on_device():
     import subprocess
 
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     rows = [line.split(",") for line in out.splitlines() if line.strip()]
-    return {int(pid): int(mib) for pid, mib in rows if pid.strip().isdigit()
-            and mib.strip().isdigit()}
+    return {
+        int(pid): int(mib) for pid, mib in rows if pid.strip().isdigit() and mib.strip().isdigit()
+    }
 
 
 def checkpoint_workers():
@@ -512,8 +589,13 @@ def _capture_log(records):
 
     class Keep(logging.Handler):
         def emit(self, record):
-            records.append({"level": record.levelname, "message": record.getMessage()[:400],
-                            "t": round(time.monotonic() - start, 2)})
+            records.append(
+                {
+                    "level": record.levelname,
+                    "message": record.getMessage()[:400],
+                    "t": round(time.monotonic() - start, 2),
+                }
+            )
 
     logging.getLogger("nvrx_ipc_fix").addHandler(Keep(logging.WARNING))
 
@@ -541,7 +623,7 @@ def _lifecycle(trainer, report, index, name):
 
 @step("offloading-", adds="releases", prefix=True)
 def _offloading(trainer, report, index, name):
-    with nvrx_ipc_fix.offloading(trainer.queue, strategy=name[len("offloading-"):]) as released:
+    with nvrx_ipc_fix.offloading(trainer.queue, strategy=name[len("offloading-") :]) as released:
         trainer.offload()
         _add(report, "measures", trainer.measure())
         trainer.onload()
@@ -556,7 +638,7 @@ def _driver(trainer, report, index, name):
     follow ``driver-`` (joined by ``+``); the stand-in is ``trainer.driver``."""
     from harness import fakedriver
 
-    faults = name[len("driver-"):].split("+") if name.startswith("driver-") else ()
+    faults = name[len("driver-") :].split("+") if name.startswith("driver-") else ()
     trainer.driver = fakedriver.install(faults)
 
 
@@ -587,15 +669,19 @@ def _standby_step(trainer, report, index, name):
     or failed; its pid, what ``status()`` says of it, and the earlier standbys still alive
     (waited for, up to 60 s: one that was let go exits once its last child has)."""
     from nvrx_ipc_fix.worker import standby
+    from nvrx_ipc_fix.worker.guardian_process import alive
 
     current = standby._standby
     if current is not None:
         current.ready.wait(120.0)
     pid = getattr(current, "pid", None)
     earlier = [s["pid"] for s in report.get("standby", []) if s["pid"] not in (None, pid)]
-    return {"pid": pid, "ready": bool(current and current.ready.is_set()),
-            "status": nvrx_ipc_fix.status().standby,
-            "earlier_alive": _left_alive(earlier, standby._alive)}
+    return {
+        "pid": pid,
+        "ready": bool(current and current.ready.is_set()),
+        "status": nvrx_ipc_fix.status().standby,
+        "earlier_alive": _left_alive(earlier, alive),
+    }
 
 
 @step("kill-standby", adds="standby_kills")
@@ -603,12 +689,12 @@ def _kill_standby(trainer, report, index, name):
     """SIGKILL the standby; its pid, and those of its children still alive once they are
     gone (waited for, up to 60 s)."""
     from nvrx_ipc_fix.worker import standby
-    from nvrx_ipc_fix.worker.monitor import _children
+    from nvrx_ipc_fix.worker.guardian_process import alive, children
 
     pid = standby._standby.pid
-    children = _children(pid)
+    below = children(pid)
     os.kill(pid, signal.SIGKILL)
-    return {"pid": pid, "orphans": _left_alive(children, standby._alive)}
+    return {"pid": pid, "orphans": _left_alive(below, alive)}
 
 
 def _left_alive(pids, alive, bound=60.0):
@@ -687,17 +773,21 @@ def resources(settle=5.0):
     def sample():
         multiprocessing.active_children()  # reaps finished children, closing their pipes
         gc.collect()
-        return {"fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd")
-                else None, "threads": threading.active_count(),
-                "semaphores": sum(isinstance(o, SemLock) for o in gc.get_objects())}
+        return {
+            "fds": len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None,
+            "threads": threading.active_count(),
+            "semaphores": sum(isinstance(o, SemLock) for o in gc.get_objects()),
+        }
 
     started = time.monotonic()
     found = least = sample()
     while time.monotonic() < started + settle:
         time.sleep(0.2)
         again = sample()
-        least = {kind: min(least[kind], again[kind]) if again[kind] is not None else None
-                 for kind in again}
+        least = {
+            kind: min(least[kind], again[kind]) if again[kind] is not None else None
+            for kind in again
+        }
         if again == found and time.monotonic() >= started + 1.0:
             break
         found = again
@@ -708,8 +798,11 @@ def _started(trainer):
     """After a prewarm: the worker that waits for the next save, and whether its process
     exists (``/proc``)."""
     pid = getattr(trainer.worker(), "pid", None)
-    return {"pid": pid, "exists": pid is not None and os.path.exists(f"/proc/{pid}"),
-            "workers": len(checkpoint_workers())}
+    return {
+        "pid": pid,
+        "exists": pid is not None and os.path.exists(f"/proc/{pid}"),
+        "workers": len(checkpoint_workers()),
+    }
 
 
 def _parent(pid):
@@ -743,15 +836,29 @@ def _ready(trainer):
         start.thread.join()
     waited = round(time.monotonic() - began, 3)
     if start is None:
-        return {"pid": None, "ready_s": None, "error": None, "waited_s": waited,
-                "pinning": 0, "pinned_bytes": 0, "pin_error": None}
-    return {"pid": start.process.pid, "waited_s": waited, "error": start.error,
-            "standby": start.standby, "parent": _parent(start.process.pid),
-            "env_changed": _environ(start.process.pid).get(CHANGED),
-            "ready_s": None if start.ready_s is None else round(start.ready_s, 3),
-            "pinning": start.pinning, "pinned_bytes": start.pinned_bytes,
-            "pin_error": start.pin_error, "first_request_s": start.first_request_s,
-            "pin_s": start.pin_s}
+        return {
+            "pid": None,
+            "ready_s": None,
+            "error": None,
+            "waited_s": waited,
+            "pinning": 0,
+            "pinned_bytes": 0,
+            "pin_error": None,
+        }
+    return {
+        "pid": start.process.pid,
+        "waited_s": waited,
+        "error": start.error,
+        "standby": start.standby,
+        "parent": _parent(start.process.pid),
+        "env_changed": _environ(start.process.pid).get(CHANGED),
+        "ready_s": None if start.ready_s is None else round(start.ready_s, 3),
+        "pinning": start.pinning,
+        "pinned_bytes": start.pinned_bytes,
+        "pin_error": start.pin_error,
+        "first_request_s": start.first_request_s,
+        "pin_s": start.pin_s,
+    }
 
 
 def _fork_exit(trainer, close=False):
@@ -788,28 +895,42 @@ def _fork_exit(trainer, close=False):
         stderr.seek(0)
         text = stderr.read().decode(errors="replace")
     trainer.phase = None
-    return {"pid": pid, "exit_s": round(seconds, 2), "hung": not done,
-            "exitcode": os.waitstatus_to_exitcode(status) if done else None,
-            "waits_in": None if done else stacks.dumped(text), "stderr": text[-2000:]}
+    return {
+        "pid": pid,
+        "exit_s": round(seconds, 2),
+        "hung": not done,
+        "exitcode": os.waitstatus_to_exitcode(status) if done else None,
+        "waits_in": None if done else stacks.dumped(text),
+        "stderr": text[-2000:],
+    }
 
 
 def _fault(trainer, report, index, step):
     """One ``fault-<kind>[-async][@<rank>]`` step: a save whose worker fails on the chosen
     ranks (the others save normally); ``-async`` leaves it pending for a later step."""
-    kind, _, only = step[len("fault-"):].partition("@")
-    kind, wait = (kind[:-len("-async")], False) if kind.endswith("-async") else (kind, True)
+    kind, _, only = step[len("fault-") :].partition("@")
+    kind, wait = (kind[: -len("-async")], False) if kind.endswith("-async") else (kind, True)
     mine = not only or int(only) == trainer.rank
     outcome = _outcome(index, kind, mine)
     start, version = time.monotonic(), trainer.version + 1
     path = os.path.join(trainer.directory, f"ckpt{version}")
-    report["saves"].append({"step": index, "path": path, "version": version, "stale": None,
-                            "tensors": len(trainer.names), "fault": kind if mine else None})
+    report["saves"].append(
+        {
+            "step": index,
+            "path": path,
+            "version": version,
+            "stale": None,
+            "tensors": len(trainer.names),
+            "fault": kind if mine else None,
+        }
+    )
     try:
         blocked, total, _, _ = trainer.save(wait=wait, fault=kind if mine else None)
         report["saves"][-1].update(blocked_s=round(blocked, 4), total_s=total and round(total, 4))
         if kind == "stop" and mine:  # on the log lines' clock
-            outcome["stopped"] = [None if at is None else round(at - _log_start[0], 2)
-                                  for at in trainer.stop_window]
+            outcome["stopped"] = [
+                None if at is None else round(at - _log_start[0], 2) for at in trainer.stop_window
+            ]
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 torch's CheckpointException is a BaseException
@@ -854,8 +975,17 @@ def _call(trainer, report, index, step):
 
 
 def _outcome(index, kind, mine):
-    return {"step": index, "fault": kind, "faulted": mine, "error": None, "raised_in": None,
-            "after_s": None, "lost": [], "pending_after": None, "again": None}
+    return {
+        "step": index,
+        "fault": kind,
+        "faulted": mine,
+        "error": None,
+        "raised_in": None,
+        "after_s": None,
+        "lost": [],
+        "pending_after": None,
+        "again": None,
+    }
 
 
 def _raised(trainer, report, outcome, exc, start):
@@ -863,9 +993,12 @@ def _raised(trainer, report, outcome, exc, start):
     finalize once more, as a training loop's next call would: that must raise nothing."""
     if HUNG.is_set():
         raise exc
-    outcome.update(error=_describe(exc), raised_in=trainer.phase,
-                   after_s=round(time.monotonic() - start, 2),
-                   finalize_calls=trainer.finalize_calls)
+    outcome.update(
+        error=_describe(exc),
+        raised_in=trainer.phase,
+        after_s=round(time.monotonic() - start, 2),
+        finalize_calls=trainer.finalize_calls,
+    )
     lost = [trainer.call_idx.get(i) for i in getattr(exc, "lost_saves", ()) or ()]
     for save in report["saves"]:
         if save["version"] in lost:
@@ -881,42 +1014,74 @@ def _raised(trainer, report, outcome, exc, start):
 
 
 def _describe(exc):
-    return {"type": type(exc).__name__, "message": str(exc).splitlines()[0][:400],
-            "text": str(exc)[-2000:],
-            "notes": list(getattr(exc, "__notes__", ())),
-            "worker_traceback": bool(getattr(exc, "worker_traceback", None)),
-            "failed_ranks": list(getattr(exc, "failed_ranks", ()) or ())}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc).splitlines()[0][:400],
+        "text": str(exc)[-2000:],
+        "notes": list(getattr(exc, "__notes__", ())),
+        "worker_traceback": bool(getattr(exc, "worker_traceback", None)),
+        "failed_ranks": list(getattr(exc, "failed_ranks", ()) or ()),
+    }
 
 
 def main(argv=None):
     """``python -m harness.scenario``: run the steps, print the report."""
     parser = argparse.ArgumentParser(prog="python -m harness.scenario")
     parser.add_argument("--steps", default="save,save,replace,save")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a save "
-                        "counts as hung")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds before a save counts as hung"
+    )
     parser.add_argument("--tensors", type=int, default=8)
     parser.add_argument("--numel", type=int, default=4096)
-    parser.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)),
-                        help="default: $RANK (torchrun)")
-    parser.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
-                        help="default: $WORLD_SIZE (torchrun)")
+    parser.add_argument(
+        "--rank", type=int, default=int(os.environ.get("RANK", 0)), help="default: $RANK (torchrun)"
+    )
+    parser.add_argument(
+        "--world-size",
+        type=int,
+        default=int(os.environ.get("WORLD_SIZE", 1)),
+        help="default: $WORLD_SIZE (torchrun)",
+    )
     parser.add_argument("--dir", default=None, help="shared directory (several ranks)")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="use_cached_data_structure=False (the reference)")
-    parser.add_argument("--impl", choices=tuple(IMPLS), default="nvrx",
-                        help="whose persistent worker: NVRx's or megatron-core's")
-    parser.add_argument("--finalize", choices=("blocking", "poll"), default="blocking",
-                        help="one blocking finalize, or a training loop's non-blocking polls")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="use_cached_data_structure=False (the reference)"
+    )
+    parser.add_argument(
+        "--impl",
+        choices=tuple(IMPLS),
+        default="nvrx",
+        help="whose persistent worker: NVRx's or megatron-core's",
+    )
+    parser.add_argument(
+        "--finalize",
+        choices=("blocking", "poll"),
+        default="blocking",
+        help="one blocking finalize, or a training loop's non-blocking polls",
+    )
     parser.add_argument("--no-dist", action="store_true", help="finalize with no_dist=True")
-    parser.add_argument("--starts", choices=("spawn", "forkserver"), default="spawn",
-                        help="how NVRx starts its workers (forkserver: torch and NVRx "
-                        "imported once)")
+    parser.add_argument(
+        "--starts",
+        choices=("spawn", "forkserver"),
+        default="spawn",
+        help="how NVRx starts its workers (forkserver: torch and NVRx imported once)",
+    )
     args = parser.parse_args(argv)
     scratch = tempfile.mkdtemp(prefix="nvrx-ipc-fix-")
     driver.use_scratch(scratch)  # removed at exit, however the run ends
-    report = run(args.steps.split(","), args.dir or scratch, args.timeout, args.tensors,
-                 args.numel, not args.no_cache, args.rank, args.world_size, args.impl,
-                 args.finalize, args.no_dist, args.starts)
+    report = run(
+        args.steps.split(","),
+        args.dir or scratch,
+        args.timeout,
+        args.tensors,
+        args.numel,
+        not args.no_cache,
+        args.rank,
+        args.world_size,
+        args.impl,
+        args.finalize,
+        args.no_dist,
+        args.starts,
+    )
     print(json.dumps(report), flush=True)
     return 0
 

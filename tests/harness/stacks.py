@@ -14,8 +14,14 @@ import traceback
 def main():
     """This process's main thread's frames."""
     frame = sys._current_frames().get(threading.main_thread().ident)
-    return [] if frame is None else [f"{os.path.basename(entry.filename)}:{entry.name}"
-                                     for entry in traceback.extract_stack(frame)]
+    return (
+        []
+        if frame is None
+        else [
+            f"{os.path.basename(entry.filename)}:{entry.name}"
+            for entry in traceback.extract_stack(frame)
+        ]
+    )
 
 
 def dumped(text):
@@ -26,7 +32,7 @@ def dumped(text):
         if line.startswith(("Current thread", "Thread ")):
             current = line.startswith("Current thread")
         elif current and line.startswith('File "'):
-            path, _, function = line[len('File "'):].partition('", line ')
+            path, _, function = line[len('File "') :].partition('", line ')
             frames.append(f"{os.path.basename(path)}:{function.partition(' in ')[2]}")
     return frames[::-1]
 

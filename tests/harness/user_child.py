@@ -7,7 +7,6 @@ nothing of the package's or a test's: what it has imported came from where it wa
 It answers through a pipe of its context, which travels as a forkserver's children's
 descriptors do."""
 
-
 #: The modules whose presence in the child is reported.
 WATCHED = ("torch", "nvidia_resiliency_ext", "nvrx_ipc_fix")
 
@@ -25,8 +24,12 @@ def start(context, variable, watched=WATCHED, timeout=60.0):
     of ``watched`` it has imported, its start method and its exit code (one that does not
     answer within ``timeout`` s is killed: ``answered`` False)."""
     reader, writer = context.Pipe(duplex=False)
-    child = context.Process(target=exec, name="user-child", daemon=True, args=(
-        _REPORT, {"answer": writer, "variable": variable, "watched": list(watched)}))
+    child = context.Process(
+        target=exec,
+        name="user-child",
+        daemon=True,
+        args=(_REPORT, {"answer": writer, "variable": variable, "watched": list(watched)}),
+    )
     child.start()
     writer.close()
     try:
@@ -39,5 +42,6 @@ def start(context, variable, watched=WATCHED, timeout=60.0):
     if child.exitcode is None:
         child.kill()
         child.join()
-    return dict(seen, answered=bool(seen), method=context.get_start_method(),
-                exitcode=child.exitcode)
+    return dict(
+        seen, answered=bool(seen), method=context.get_start_method(), exitcode=child.exitcode
+    )

@@ -36,8 +36,10 @@ def bundle(directory):
     if os.path.exists(target) and not os.path.isdir(target):
         return 1, f"{target} exists and is not a directory; not touched."
     if os.path.isdir(target) and os.listdir(target) and not _is_bundle(target):
-        return 1, (f"{target} is not empty and holds no bundle of nvrx-ipc-fix; not touched. "
-                   "Use a new directory.")
+        return 1, (
+            f"{target} is not empty and holds no bundle of nvrx-ipc-fix; not touched. "
+            "Use a new directory."
+        )
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # cli/..
     startup = importlib.util.find_spec(STARTUP)
     if os.path.dirname(package) == target:
@@ -47,8 +49,10 @@ def bundle(directory):
     sources = _sources()
     missing = [name for name, source in sources if source is None]
     if "wrapt" in missing:
-        return 1, ("wrapt is not installed in this environment; install nvrx-ipc-fix with "
-                   "its dependencies first.")
+        return 1, (
+            "wrapt is not installed in this environment; install nvrx-ipc-fix with "
+            "its dependencies first."
+        )
     try:
         os.makedirs(target, exist_ok=True)
         for name in ("nvrx_ipc_fix", DEPS_DIR):
@@ -66,16 +70,19 @@ def bundle(directory):
     if code:
         return code, message
     skipped = f" ({', '.join(missing)} not installed here: not bundled)" if missing else ""
-    return 0, (f"wrote a bundle of nvrx-ipc-fix into {target}{skipped}. Processes whose "
-               f"PYTHONPATH starts with it activate the package at start-up (source "
-               f"'sitecustomize'):\n  export PYTHONPATH={target}${{PYTHONPATH:+:$PYTHONPATH}}")
+    return 0, (
+        f"wrote a bundle of nvrx-ipc-fix into {target}{skipped}. Processes whose "
+        f"PYTHONPATH starts with it activate the package at start-up (source "
+        f"'sitecustomize'):\n  export PYTHONPATH={target}${{PYTHONPATH:+:$PYTHONPATH}}"
+    )
 
 
 def _is_bundle(target):
     try:
         with open(os.path.join(target, "sitecustomize.py"), encoding="utf-8") as ours:
             return ours.read(len(MARKER)) == MARKER and os.path.isdir(
-                os.path.join(target, "nvrx_ipc_fix"))
+                os.path.join(target, "nvrx_ipc_fix")
+            )
     except OSError:
         return False
 
@@ -89,8 +96,12 @@ def _sources():
         except metadata.PackageNotFoundError:
             files = None
         if files is not None:
-            files = [(str(f), str(f.locate())) for f in files
-                     if not str(f).startswith("..") and "__pycache__" not in f.parts
-                     and os.path.isfile(f.locate())]
+            files = [
+                (str(f), str(f.locate()))
+                for f in files
+                if not str(f).startswith("..")
+                and "__pycache__" not in f.parts
+                and os.path.isfile(f.locate())
+            ]
         found.append((name, files))
     return found

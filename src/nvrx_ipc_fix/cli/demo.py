@@ -6,10 +6,14 @@ with the fix. Each run is a fresh interpreter (``cli.driver``); "without" sets
 from .runner import in_subprocess
 
 CASES = (
-    ("storage replaced between saves (model.to('cpu') and back, optimizer offload)",
-     "save,save,replace,save"),
-    ("worker closed, then another save (maybe_finalize_async_save(terminate=True))",
-     "save,save,close,save"),
+    (
+        "storage replaced between saves (model.to('cpu') and back, optimizer offload)",
+        "save,save,replace,save",
+    ),
+    (
+        "worker closed, then another save (maybe_finalize_async_save(terminate=True))",
+        "save,save,close,save",
+    ),
 )
 
 
@@ -17,16 +21,25 @@ def _describe(report):
     saves = report["saves"]
     if report["hang"]:
         hang = report["hang"]
-        why = ('the worker died with "Worker cache miss"' if report["cache_miss"]
-               else "the save did not finish")
-        return False, (f"HANG at the save after the close: {why}; NVRx's trainer would wait "
-                       f"for ever (the watchdog stopped it after {hang['after_s']} s)")
+        why = (
+            'the worker died with "Worker cache miss"'
+            if report["cache_miss"]
+            else "the save did not finish"
+        )
+        return False, (
+            f"HANG at the save after the close: {why}; NVRx's trainer would wait "
+            f"for ever (the watchdog stopped it after {hang['after_s']} s)"
+        )
     last = saves[-1]
     if last["stale"]:
-        return False, (f"STALE: the last checkpoint holds old values in {last['stale']} of "
-                       f"{last['tensors']} tensors, silently")
-    return True, (f"ok: {len(saves)} checkpoints, every tensor current; the last save "
-                  f"blocked {last['blocked_s']:.2f} s")
+        return False, (
+            f"STALE: the last checkpoint holds old values in {last['stale']} of "
+            f"{last['tensors']} tensors, silently"
+        )
+    return True, (
+        f"ok: {len(saves)} checkpoints, every tensor current; the last save "
+        f"blocked {last['blocked_s']:.2f} s"
+    )
 
 
 def run(timeout=30):
@@ -35,8 +48,10 @@ def run(timeout=30):
 
     nvrx = status().nvrx_version
     if nvrx is None:
-        print("nvidia-resiliency-ext is not installed: nothing to demonstrate "
-              "(scripts/demo installs it).")
+        print(
+            "nvidia-resiliency-ext is not installed: nothing to demonstrate "
+            "(scripts/demo installs it)."
+        )
         return 2
     import torch
 

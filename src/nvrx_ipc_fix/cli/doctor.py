@@ -22,17 +22,26 @@ from ..core import config as _config, detect as _detect
 from ..core.fix_names import FIXES
 
 PTH = "nvrx_ipc_fix.pth"
-FIX_LEVELS = {"active": "ok", "fixed_upstream": "ok", "not_applicable": "ok", "pending": "info",
-              "disabled": "warn", "unsupported": "warn", "error": "warn"}
-OTHER_WAYS = ("`import nvrx_ipc_fix` first in each entry point; for Ray workers "
-              "ray.init(runtime_env=nvrx_ipc_fix.ray_runtime_env())")
+FIX_LEVELS = {
+    "active": "ok",
+    "fixed_upstream": "ok",
+    "not_applicable": "ok",
+    "pending": "info",
+    "disabled": "warn",
+    "unsupported": "warn",
+    "error": "warn",
+}
+OTHER_WAYS = (
+    "`import nvrx_ipc_fix` first in each entry point; for Ray workers "
+    "ray.init(runtime_env=nvrx_ipc_fix.ray_runtime_env())"
+)
 #: The oldest Python the package runs on (pyproject's requires-python).
 MIN_PYTHON = (3, 10)
 #: Run by ``doctor --python`` first: standard library only, as the package may be missing
 #: there, and Python 2 syntax before the version check, so that an old interpreter says what
 #: it is instead of failing.
 PROBE = """import json, sys
-if sys.version_info[:2] < (%d, %d):
+if sys.version_info[:2] < MIN_PYTHON:
     print(json.dumps({"python": sys.executable, "version": sys.version.split()[0],
                       "nvrx": None, "importable": False, "too_old": True}))
     sys.exit(0)
@@ -40,11 +49,11 @@ import importlib.util
 from importlib import metadata
 try:
     nvrx = metadata.version("nvidia-resiliency-ext")
-except Exception:
+except (ImportError, OSError, ValueError):  # not installed, or a broken dist-info
     nvrx = None
 print(json.dumps({"python": sys.executable, "version": sys.version.split()[0], "nvrx": nvrx,
                   "importable": importlib.util.find_spec("nvrx_ipc_fix") is not None}))
-""" % MIN_PYTHON  # noqa: UP031 the probe's code has braces of its own
+""".replace("MIN_PYTHON", repr(MIN_PYTHON))
 
 
 def run(out=print, as_json=False):
@@ -63,59 +72,96 @@ def run(out=print, as_json=False):
     affected = _detect.may_cache(status.nvrx_version)
     covered = status.activated and status.source in ("pth", "sitecustomize")
 
-    checks = [("info", "package", f"nvrx-ipc-fix {status.version} in {package_dir}; Python "
-               f"{sys.version.split()[0]} ({sys.executable}), pid {status.pid}"),
-              _pth(_installed_pth(), ran, covered),
-              _sitecustomize("sitecustomize" in ran)]
+    checks = [
+        (
+            "info",
+            "package",
+            f"nvrx-ipc-fix {status.version} in {package_dir}; Python "
+            f"{sys.version.split()[0]} ({sys.executable}), pid {status.pid}",
+        ),
+        _pth(_installed_pth(), ran, covered),
+        _sitecustomize("sitecustomize" in ran),
+    ]
     invalid = []  # (name, value) of each setting the package does not understand
     for setting in _config.SETTINGS:
         checks.append(_setting(setting, invalid))
-    checks += [_startup_error(startup),
-               ("ok" if covered else "fail", "activation", _activation(status, covered)),
-               ("ok", "wrapt", status.wrapt_version) if status.wrapt_version else
-               ("fail", "wrapt", "not installed: nothing can be patched"),
-               _nvrx(status.nvrx_version, affected), _mcore(status.untested),
-               affected and _automatic_release()]
-    checks += [(FIX_LEVELS[fix.state.value], f"fix {fix.name}", f"{fix.state.value}: {fix.reason}")
-               for fix in status.fixes]
-    rows = [(("FAIL" if affected else "warn") if level == "fail" else level, label, text)
-            for level, label, text in filter(None, checks)]
+    checks += [
+        _startup_error(startup),
+        ("ok" if covered else "fail", "activation", _activation(status, covered)),
+        ("ok", "wrapt", status.wrapt_version)
+        if status.wrapt_version
+        else ("fail", "wrapt", "not installed: nothing can be patched"),
+        _nvrx(status.nvrx_version, affected),
+        _mcore(status.untested),
+        affected and _automatic_release(),
+    ]
+    checks += [
+        (FIX_LEVELS[fix.state.value], f"fix {fix.name}", f"{fix.state.value}: {fix.reason}")
+        for fix in status.fixes
+    ]
+    rows = [
+        (("FAIL" if affected else "warn") if level == "fail" else level, label, text)
+        for level, label, text in filter(None, checks)
+    ]
 
     names = {s.name for s in _config.SETTINGS}
-    causes = [f"{label}: {text}" for level, label, text in filter(None, checks)
-              if level == "fail" and label != "activation"
-              and (label not in names or label in (_config.DISABLE, _config.AUTO))]
+    causes = [
+        f"{label}: {text}"
+        for level, label, text in filter(None, checks)
+        if level == "fail"
+        and label != "activation"
+        and (label not in names or label in (_config.DISABLE, _config.AUTO))
+    ]
     switches = (_config.DISABLE, _config.AUTO)  # their consequence is a cause of its own
 
     def fallback(which):
         which = [f"{name}={raw!r}" for name, raw in which]
-        return (f"the package does not understand {', '.join(which)} and falls back as said "
-                f"above: fix or unset {'it' if len(which) == 1 else 'them'}") if which else ""
+        return (
+            (
+                f"the package does not understand {', '.join(which)} and falls back as said "
+                f"above: fix or unset {'it' if len(which) == 1 else 'them'}"
+            )
+            if which
+            else ""
+        )
 
     others = [(name, raw) for name, raw in invalid if name not in switches]
     raw_off = os.environ.get(_config.DISABLE, "")
     if not affected:
-        result, code = ("ok: no NVRx with the IPC cache is installed; nothing needs the fix"
-                        + (f" (but {fallback(invalid)})" if invalid else "")), 0
+        result, code = (
+            (
+                "ok: no NVRx with the IPC cache is installed; nothing needs the fix"
+                + (f" (but {fallback(invalid)})" if invalid else "")
+            ),
+            0,
+        )
     elif _config.SETTINGS[0].check()[1] is None:  # NVRX_IPC_FIX_DISABLE: the package is off
-        result, code = (f"NVRx {status.nvrx_version} needs the fix, and {_config.DISABLE}="
-                        f"{raw_off!r} turns the package off in every process that has it "
-                        f"(start-up, `import nvrx_ipc_fix`, the Ray hook alike): unset it, or "
-                        f"set it to the fixes to turn off (a comma list of "
-                        f"{', '.join(FIXES)})" + (f". Also, {fallback(others)}" if others else "")
-                        + "."), 1
+        result, code = (
+            (
+                f"NVRx {status.nvrx_version} needs the fix, and {_config.DISABLE}="
+                f"{raw_off!r} turns the package off in every process that has it "
+                f"(start-up, `import nvrx_ipc_fix`, the Ray hook alike): unset it, or "
+                f"set it to the fixes to turn off (a comma list of "
+                f"{', '.join(FIXES)})" + (f". Also, {fallback(others)}" if others else "") + "."
+            ),
+            1,
+        )
     elif not causes and covered:
-        how = (f"processes started like this one activate at start-up ({status.source}), "
-               f"before NVRx is imported")
-        result, code = (f"ok: {how}", 0) if not others else (f"{how}, but {fallback(others)}.",
-                                                              1)
+        how = (
+            f"processes started like this one activate at start-up ({status.source}), "
+            f"before NVRx is imported"
+        )
+        result, code = (f"ok: {how}", 0) if not others else (f"{how}, but {fallback(others)}.", 1)
     else:
-        result, code = (f"NVRx {status.nvrx_version} needs the fix, and processes started like "
-                        f"this one do not get it "
-                        f"({'; '.join(causes) or 'start-up did not activate'}). "
-                        f"Other ways: {OTHER_WAYS}." + (f" Also, {fallback(others)}."
-                                                        if others else "")
-                        ), 1
+        result, code = (
+            (
+                f"NVRx {status.nvrx_version} needs the fix, and processes started like "
+                f"this one do not get it "
+                f"({'; '.join(causes) or 'start-up did not activate'}). "
+                f"Other ways: {OTHER_WAYS}." + (f" Also, {fallback(others)}." if others else "")
+            ),
+            1,
+        )
     return _emit(out, rows, result, code, as_json)
 
 
@@ -123,9 +169,19 @@ def _emit(out, rows, result, code, as_json):
     """Print ``rows`` (``(mark, label, text)``) and the result, as lines or as one JSON
     object; return ``code``."""
     if as_json:
-        out(json.dumps({"checks": [{"level": mark.lower(), "label": label, "text": text}
-                                   for mark, label, text in rows],
-                        "result": result, "exit": code}, indent=2))
+        out(
+            json.dumps(
+                {
+                    "checks": [
+                        {"level": mark.lower(), "label": label, "text": text}
+                        for mark, label, text in rows
+                    ],
+                    "result": result,
+                    "exit": code,
+                },
+                indent=2,
+            )
+        )
     else:
         for mark, label, text in rows:
             out(f"{mark:<4}  {label}: {text}")
@@ -141,19 +197,34 @@ def _setting(setting, invalid):
     if setting.name == _config.DISABLE:
         if value is None:
             understood = raw.strip().lower() in _config._TRUE
-            return "fail", setting.name, f"{raw!r}: the package is off" + (
-                "" if understood else " (a value the kill switch does not understand turns it off)")
+            return (
+                "fail",
+                setting.name,
+                f"{raw!r}: the package is off"
+                + (
+                    ""
+                    if understood
+                    else " (a value the kill switch does not understand turns it off)"
+                ),
+            )
         if value:
             return "warn", setting.name, f"{raw!r}: {', '.join(sorted(value))} off"
         return "ok", setting.name, "not set" if raw is None else f"{raw!r}: every fix on"
     if setting.name == _config.AUTO and not value:
-        return "fail", setting.name, f"{raw!r}: start-up activation is off" + (
-            " (a value it does not understand turns it off)" if problem else "")
+        return (
+            "fail",
+            setting.name,
+            f"{raw!r}: start-up activation is off"
+            + (" (a value it does not understand turns it off)" if problem else ""),
+        )
     if problem:
         return "fail", setting.name, f"{raw!r} {problem}"
     shown = setting.show(value)
-    return ("ok" if raw is None else "info"), setting.name, (
-        f"not set: {shown}" if raw is None else f"{raw!r}: {shown}")
+    return (
+        ("ok" if raw is None else "info"),
+        setting.name,
+        (f"not set: {shown}" if raw is None else f"{raw!r}: {shown}"),
+    )
 
 
 def _installed_pth():
@@ -174,15 +245,21 @@ def _pth(path, ran, covered):
     if "sitecustomize" in ran:
         return "info", PTH, "not read here; the sitecustomize fallback activates instead"
     if path is None or not os.path.exists(path):
-        why = ("not installed (no nvrx-ipc-fix distribution lists it: a source tree on "
-               "sys.path?): install the wheel, or use the sitecustomize fallback")
+        why = (
+            "not installed (no nvrx-ipc-fix distribution lists it: a source tree on "
+            "sys.path?): install the wheel, or use the sitecustomize fallback"
+        )
     elif sys.flags.no_site:
-        why = (f"in {where}, not read: `python -S` imports no site, so neither .pth files "
-               "nor a sitecustomize run")
+        why = (
+            f"in {where}, not read: `python -S` imports no site, so neither .pth files "
+            "nor a sitecustomize run"
+        )
     elif where not in _site_dirs():
-        why = (f"in {where}, not read: Python reads .pth files only in site directories, and "
-               f"this one is reached through PYTHONPATH or sys.path; fallback: "
-               f"`python -m nvrx_ipc_fix install-sitecustomize {where}`")
+        why = (
+            f"in {where}, not read: Python reads .pth files only in site directories, and "
+            f"this one is reached through PYTHONPATH or sys.path; fallback: "
+            f"`python -m nvrx_ipc_fix install-sitecustomize {where}`"
+        )
     else:
         why = f"in {where}, not read by this interpreter (a hidden file? an embedded Python?)"
     return ("info" if covered else "fail"), PTH, why
@@ -224,8 +301,11 @@ def _nvrx(version, affected):
     if _detect.untested(_detect.NVRX_DIST, version):
         return "warn", "NVRx", f"{version}: {_untested(_detect.NVRX_DIST)}"
     if _detect.release_has_cache(version) is None:
-        return ("info", "NVRx", f"{version}: a dev or unknown build that may have the IPC "
-                                "cache: the fixes apply")
+        return (
+            "info",
+            "NVRx",
+            f"{version}: a dev or unknown build that may have the IPC cache: the fixes apply",
+        )
     return "info", "NVRx", f"{version}: has the IPC tensor cache: the fixes apply"
 
 
@@ -245,49 +325,93 @@ def _mcore(untested):
 
 
 def _untested(dist):
-    return (f"untested (newest tested: {_detect.TESTED[dist]}): the fixes apply where their "
-            f"checks of its code pass")
+    return (
+        f"untested (newest tested: {_detect.TESTED[dist]}): the fixes apply where their "
+        f"checks of its code pass"
+    )
 
 
 def run_with(python, out=print, timeout=300, as_json=False):
     """``doctor`` under interpreter ``python``, started with this environment; its exit status."""
     try:
-        probe = subprocess.run([python, "-c", PROBE], capture_output=True, text=True,
-                               timeout=timeout)
+        probe = subprocess.run(
+            [python, "-c", PROBE], capture_output=True, text=True, timeout=timeout
+        )
         found = _json(probe.stdout) if probe.returncode == 0 else None
         keys = {"python", "version", "nvrx", "importable"}
         if not (isinstance(found, dict) and keys <= set(found)):
-            raise ValueError(" ".join([f"exit {probe.returncode}, no probe result",
-                                       *probe.stderr.strip().splitlines()[-1:]]))
+            raise ValueError(
+                " ".join(
+                    [
+                        f"exit {probe.returncode}, no probe result",
+                        *probe.stderr.strip().splitlines()[-1:],
+                    ]
+                )
+            )
         if found.get("too_old"):
-            return _emit(out, [("FAIL", "python", f"{found['python']} is Python "
-                                f"{found['version']}: nvrx-ipc-fix needs Python >= "
-                                f"{'.'.join(map(str, MIN_PYTHON))}")],
-                         "not checked: point --python at the interpreter your processes run",
-                         2, as_json)
+            return _emit(
+                out,
+                [
+                    (
+                        "FAIL",
+                        "python",
+                        f"{found['python']} is Python "
+                        f"{found['version']}: nvrx-ipc-fix needs Python >= "
+                        f"{'.'.join(map(str, MIN_PYTHON))}",
+                    )
+                ],
+                "not checked: point --python at the interpreter your processes run",
+                2,
+                as_json,
+            )
         if found["importable"]:
-            checked = subprocess.run([python, "-m", "nvrx_ipc_fix", "doctor",
-                                      *(["--json"] if as_json else [])],
-                                     capture_output=True, text=True, timeout=timeout)
+            checked = subprocess.run(
+                [python, "-m", "nvrx_ipc_fix", "doctor", *(["--json"] if as_json else [])],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
             sys.stderr.write(checked.stderr)
             for line in checked.stdout.rstrip().splitlines():
                 out(line)
             return checked.returncode
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        return _emit(out, [("FAIL", "python", f"cannot run {python!r} as a Python "
-                                              f"interpreter: {exc}")], "not checked", 2, as_json)
+        return _emit(
+            out,
+            [("FAIL", "python", f"cannot run {python!r} as a Python interpreter: {exc}")],
+            "not checked",
+            2,
+            as_json,
+        )
     affected = _detect.may_cache(found["nvrx"])
     where = f"{found['python']} (Python {found['version']})"
-    rows = [("FAIL" if affected else "warn", "package", f"nvrx_ipc_fix is not importable by "
-             f"{where}: not installed in its environment and not on its PYTHONPATH"),
-            _nvrx(found["nvrx"], affected)]
+    rows = [
+        (
+            "FAIL" if affected else "warn",
+            "package",
+            f"nvrx_ipc_fix is not importable by "
+            f"{where}: not installed in its environment and not on its PYTHONPATH",
+        ),
+        _nvrx(found["nvrx"], affected),
+    ]
     if not affected:
-        return _emit(out, rows, "ok: no NVRx with the IPC cache is installed there; nothing "
-                                "needs the fix", 0, as_json)
-    return _emit(out, rows, f"NVRx {found['nvrx']} needs the fix, and processes started with "
-                            f"{python} do not get it. Install nvrx-ipc-fix into that "
-                            f"environment, or make a bundle (`python -m nvrx_ipc_fix bundle "
-                            f"DIR`) and put DIR first on PYTHONPATH.", 1, as_json)
+        return _emit(
+            out,
+            rows,
+            "ok: no NVRx with the IPC cache is installed there; nothing needs the fix",
+            0,
+            as_json,
+        )
+    return _emit(
+        out,
+        rows,
+        f"NVRx {found['nvrx']} needs the fix, and processes started with "
+        f"{python} do not get it. Install nvrx-ipc-fix into that "
+        f"environment, or make a bundle (`python -m nvrx_ipc_fix bundle "
+        f"DIR`) and put DIR first on PYTHONPATH.",
+        1,
+        as_json,
+    )
 
 
 def _json(text):

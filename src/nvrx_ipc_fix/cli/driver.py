@@ -84,10 +84,17 @@ class Trainer:
         self.names = [f"rank0.layer{i}.weight" for i in range(n_tensors)]
         self.owns_group = not dist.is_initialized()  # close() destroys the group it made
         if self.owns_group:
-            dist.init_process_group("nccl" if self.cuda else "gloo", rank=0, world_size=1,
-                                    init_method=f"file://{directory}/pg")
-        self.queue = self.core.AsyncCallsQueue(**kwargs_accepted(
-            self.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda))
+            dist.init_process_group(
+                "nccl" if self.cuda else "gloo",
+                rank=0,
+                world_size=1,
+                init_method=f"file://{directory}/pg",
+            )
+        self.queue = self.core.AsyncCallsQueue(
+            **kwargs_accepted(
+                self.core.AsyncCallsQueue.__init__, persistent=True, cpu_shm_mode=not self.cuda
+            )
+        )
         if not self.cuda:
             fakecuda.mark_queue(self.queue)
         self.state, self.version = {}, 0
@@ -106,8 +113,9 @@ class Trainer:
 
     def offload(self):
         """Move every tensor to host memory and return freed device blocks (``model.to("cpu")``)."""
-        self.state = {name: t.as_subclass(torch.Tensor).to("cpu", copy=True)
-                      for name, t in self.state.items()}
+        self.state = {
+            name: t.as_subclass(torch.Tensor).to("cpu", copy=True) for name, t in self.state.items()
+        }
         gc.collect()
         if self.cuda:
             torch.cuda.empty_cache()
@@ -126,8 +134,10 @@ class Trainer:
         if not self.cuda:
             return {"allocated": None, "reserved": None}
         torch.cuda.synchronize()
-        return {"allocated": torch.cuda.memory_allocated(),
-                "reserved": torch.cuda.memory_reserved()}
+        return {
+            "allocated": torch.cuda.memory_allocated(),
+            "reserved": torch.cuda.memory_reserved(),
+        }
 
     def expected(self, i, version):
         """The value of tensor ``i`` in the save of ``version``."""
@@ -164,10 +174,15 @@ class Trainer:
         )
         from torch.distributed.checkpoint import DefaultSavePlanner
 
-        writer = FileSystemWriterAsync(path, **kwargs_accepted(
-            FileSystemWriterAsync.__init__, use_cached_data_structure=self.cached))
+        writer = FileSystemWriterAsync(
+            path,
+            **kwargs_accepted(
+                FileSystemWriterAsync.__init__, use_cached_data_structure=self.cached
+            ),
+        )
         writer, metadata, dist_wrapper = save_state_dict_async_plan(
-            dict(self.state), writer, None, planner=DefaultSavePlanner())
+            dict(self.state), writer, None, planner=DefaultSavePlanner()
+        )
         save_fn, preload_fn, save_args = writer.get_save_function_and_args()
         finalize = partial(save_state_dict_async_finalize, writer, metadata, dist_wrapper)
         return self.core.AsyncRequest(save_fn, save_args, [finalize], preload_fn=preload_fn)
@@ -190,8 +205,10 @@ class Trainer:
 
         loaded = {name: torch.empty(self.numel) for name in self.names}
         load(loaded, storage_reader=FileSystemReader(path), process_group=None, no_dist=True)
-        return sum(not torch.all(loaded[name] == self.expected(i, version)).item()
-                   for i, name in enumerate(self.names))
+        return sum(
+            not torch.all(loaded[name] == self.expected(i, version)).item()
+            for i, name in enumerate(self.names)
+        )
 
     def close(self):
         self.queue.close()
@@ -199,8 +216,14 @@ class Trainer:
 
 def save_entry(trainer):
     blocked, total, path, version = trainer.save()
-    return {"blocked_s": round(blocked, 4), "total_s": round(total, 4), "path": path,
-            "version": version, "stale": None, "tensors": len(trainer.names)}
+    return {
+        "blocked_s": round(blocked, 4),
+        "total_s": round(total, 4),
+        "path": path,
+        "version": version,
+        "stale": None,
+        "tensors": len(trainer.names),
+    }
 
 
 def release_entry(trainer, strategy):
@@ -208,10 +231,15 @@ def release_entry(trainer, strategy):
 
 
 #: Step name -> (the report's list its entry goes to, or None; function(trainer) -> the entry)
-STEPS = {"save": ("saves", save_entry), "measure": ("measures", methodcaller("measure")),
-         **{name: (None, methodcaller(name)) for name in ("replace", "offload", "onload", "close")},
-         **{name: ("releases", partial(release_entry, strategy=name))
-            for name in ("flush", "terminate", "restart", "suspend")}}
+STEPS = {
+    "save": ("saves", save_entry),
+    "measure": ("measures", methodcaller("measure")),
+    **{name: (None, methodcaller(name)) for name in ("replace", "offload", "onload", "close")},
+    **{
+        name: ("releases", partial(release_entry, strategy=name))
+        for name in ("flush", "terminate", "restart", "suspend")
+    },
+}
 
 
 def check_saves(trainer, saves):
@@ -232,9 +260,13 @@ def check_saves(trainer, saves):
 
 def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096):
     """Run ``steps``; return the report (a JSON-ready dict)."""
-    report = {"device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
-              "nvrx": nvrx_ipc_fix.status().nvrx_version, "steps": list(steps), "saves": [],
-              "hang": None}
+    report = {
+        "device": "cuda" if torch.cuda.is_available() else "cpu (fakecuda stand-in)",
+        "nvrx": nvrx_ipc_fix.status().nvrx_version,
+        "steps": list(steps),
+        "saves": [],
+        "hang": None,
+    }
     trainer = Trainer(directory, n_tensors, numel)
     watchdog = Watchdog(trainer, report, timeout)
     for index, step in enumerate(steps):
@@ -242,12 +274,13 @@ def run(steps, directory, timeout=60.0, n_tensors=8, numel=4096):
             raise ValueError(f"unknown step {step!r} (known: {', '.join(STEPS)})")
         key, function = STEPS[step]
         watchdog.begin(index)
+        ended = False
         try:
             entry = function(trainer)
-        except BaseException:
-            if HUNG.is_set():  # reported: the watchdog ends the process
+            ended = True
+        finally:
+            if not ended and HUNG.is_set():  # reported: the watchdog ends the process
                 threading.Event().wait()
-            raise
         watchdog.end()
         if key is not None:
             report.setdefault(key, []).append(entry)
@@ -307,8 +340,11 @@ class Watchdog:
         return None if worker is None else worker.exitcode is not None
 
     def _hang(self, step, now, died):
-        self.report["hang"] = {"step": step, "after_s": round(now - self.started, 1),
-                               "worker_died": died}
+        self.report["hang"] = {
+            "step": step,
+            "after_s": round(now - self.started, 1),
+            "worker_died": died,
+        }
         HUNG.set()
         print(json.dumps(self.report), flush=True)
         self.exit()
@@ -318,34 +354,25 @@ class Watchdog:
         """End this process's descendants (NVRx's worker, its writer processes, the results
         manager: stopped, then killed, as the guardian ends them) and the process, with no
         clean-up but the scratch, which none of them can write into any more."""
-        from ..worker.guardian_process import children, end_trees, pidfd
+        from ..worker.guardian_process import alive, children, end_trees, pidfd
 
         found = end_trees({pid: pidfd(pid) for pid in children(os.getpid())})
         multiprocessing.active_children()  # reaps the children multiprocessing started
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_running(pid) for pid in found):
+        while time.monotonic() < deadline and any(map(alive, found)):
             time.sleep(0.01)
         if _scratch is not None:  # os._exit runs no clean-up
             shutil.rmtree(_scratch, ignore_errors=True)
         os._exit(0)
 
 
-def _running(pid):
-    """Is ``pid`` still a process that can write (not gone, not a zombie)?"""
-    from ..worker.monitor import stat_fields
-
-    try:
-        return stat_fields(pid)[0] != b"Z"
-    except OSError:  # gone
-        return False
-
-
 def main(argv=None):
     """The command line: run the steps, print the report."""
     parser = argparse.ArgumentParser(prog="python -m nvrx_ipc_fix.cli.driver")
     parser.add_argument("--steps", default="save,save,replace,save")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a save "
-                        "counts as hung")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds before a save counts as hung"
+    )
     parser.add_argument("--tensors", type=int, default=8)
     parser.add_argument("--numel", type=int, default=4096)
     args = parser.parse_args(argv)

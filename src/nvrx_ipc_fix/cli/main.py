@@ -19,45 +19,69 @@ from ..core.detect import CORE, FS, NVRX_DIST, distribution_version
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvrx_ipc_fix",
-                                     description="Show what nvrx-ipc-fix does in this environment.")
+    parser = argparse.ArgumentParser(
+        prog="python -m nvrx_ipc_fix",
+        description="Show what nvrx-ipc-fix does in this environment.",
+    )
     parser.add_argument("--version", action="version", version=f"nvrx-ipc-fix {__version__}")
     sub = parser.add_subparsers(dest="command")
     show = sub.add_parser("status", help="print the status (the default)")
-    doctor = sub.add_parser("doctor", help="check that processes started like this one get "
-                                           "the fix and every NVRX_IPC_FIX_* setting; exit 1 "
-                                           "if an affected NVRx is installed and they do not, "
-                                           "or a setting is not understood")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check that processes started like this one get "
+        "the fix and every NVRX_IPC_FIX_* setting; exit 1 "
+        "if an affected NVRx is installed and they do not, "
+        "or a setting is not understood",
+    )
     for p in (parser, show, doctor):
         # after the sub-command, SUPPRESS keeps the value given before it (argparse would
         # otherwise reset it to the sub-parser's default)
         default = False if p is parser else argparse.SUPPRESS
         p.add_argument("--json", action="store_true", default=default, help="print JSON")
         if p is not doctor:
-            p.add_argument("--no-import", action="store_true", default=default,
-                           help="do not import NVRx first (its targets stay 'pending')")
-    doctor.add_argument("--python", metavar="PATH",
-                        help="check processes of that interpreter instead (a Ray "
-                             "py_executable, a NeMo RL actor venv's bin/python), started with "
-                             "this environment; exit 2 if it cannot be run")
-    site = sub.add_parser("install-sitecustomize",
-                          help="write DIR/sitecustomize.py that activates the package at "
-                               "start-up (where .pth files are not read)")
-    site.add_argument("directory", metavar="DIR", help="a directory early on sys.path, e.g. "
-                                                       "the PYTHONPATH entry of the install")
-    pack = sub.add_parser("bundle", help="copy the package, its dependencies and a "
-                                         "sitecustomize into DIR, for PYTHONPATH (NeMo RL's "
-                                         "actor environments)")
-    pack.add_argument("directory", metavar="DIR", help="a new or empty directory, or a "
-                                                       "bundle to refresh")
-    sub.add_parser("demo", help="run the NVRx worker through the failures, "
-                                "without and with the fix")
-    sub.add_parser("selftest", help="check the fix on this node (GPU memory, next-save time, "
-                                    "correctness), without and with the package")
+            p.add_argument(
+                "--no-import",
+                action="store_true",
+                default=default,
+                help="do not import NVRx first (its targets stay 'pending')",
+            )
+    doctor.add_argument(
+        "--python",
+        metavar="PATH",
+        help="check processes of that interpreter instead (a Ray "
+        "py_executable, a NeMo RL actor venv's bin/python), started with "
+        "this environment; exit 2 if it cannot be run",
+    )
+    site = sub.add_parser(
+        "install-sitecustomize",
+        help="write DIR/sitecustomize.py that activates the package at "
+        "start-up (where .pth files are not read)",
+    )
+    site.add_argument(
+        "directory",
+        metavar="DIR",
+        help="a directory early on sys.path, e.g. the PYTHONPATH entry of the install",
+    )
+    pack = sub.add_parser(
+        "bundle",
+        help="copy the package, its dependencies and a "
+        "sitecustomize into DIR, for PYTHONPATH (NeMo RL's "
+        "actor environments)",
+    )
+    pack.add_argument(
+        "directory", metavar="DIR", help="a new or empty directory, or a bundle to refresh"
+    )
+    sub.add_parser(
+        "demo", help="run the NVRx worker through the failures, without and with the fix"
+    )
+    sub.add_parser(
+        "selftest",
+        help="check the fix on this node (GPU memory, next-save time, "
+        "correctness), without and with the package",
+    )
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the usage of the sub-command they were given to, not the top level's
-        sub.choices.get(args.command, parser).error(
-            f"unrecognized arguments: {' '.join(unknown)}")
+        sub.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command not in (None, "status", "doctor") and args.json:
         parser.error(f"--json: {args.command} prints no JSON (status and doctor do)")
     if args.command not in (None, "status") and args.no_import:
@@ -69,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         from .sitecustomize import install
 
         code, message = (install if args.command == "install-sitecustomize" else bundle)(
-            args.directory)
+            args.directory
+        )
         print(message, file=sys.stderr if code else sys.stdout)
         return code
     if args.command == "doctor":
@@ -102,8 +127,9 @@ def _import_nvrx():
             try:
                 importlib.import_module(name)
             except Exception as exc:  # noqa: BLE001 a note, not the end
-                print(f"note: could not import {name}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr)
+                print(
+                    f"note: could not import {name}: {type(exc).__name__}: {exc}", file=sys.stderr
+                )
 
 
 def _show(as_json: bool, no_import: bool) -> int:
@@ -119,4 +145,3 @@ def _show(as_json: bool, no_import: bool) -> int:
     snapshot = nvrx_ipc_fix.status()
     print(json.dumps(snapshot.to_dict(), indent=2) if as_json else snapshot.table())
     return 0
-

@@ -21,9 +21,23 @@ def in_subprocess(steps, fix, timeout, tensors=8, numel=4096):
     env = {k: v for k, v in os.environ.items() if not k.startswith("NVRX_IPC_FIX_")}
     if not fix:
         env["NVRX_IPC_FIX_DISABLE"] = "1"
-    code, out, err = run_child([sys.executable, "-m", "nvrx_ipc_fix.cli.driver", "--steps",
-                                steps, "--timeout", str(timeout), "--tensors", str(tensors),
-                                "--numel", str(numel)], env, timeout * 4 + 120)
+    code, out, err = run_child(
+        [
+            sys.executable,
+            "-m",
+            "nvrx_ipc_fix.cli.driver",
+            "--steps",
+            steps,
+            "--timeout",
+            str(timeout),
+            "--tensors",
+            str(tensors),
+            "--numel",
+            str(numel),
+        ],
+        env,
+        timeout * 4 + 120,
+    )
     if code != 0 or not out.strip():
         raise RuntimeError(f"the driver failed (exit {code}):\n{err[-2000:]}")
     report = json.loads(out.strip().splitlines()[-1])
@@ -41,13 +55,21 @@ def run_child(argv, env, backstop):
     if fits(root):  # else the child keeps this TMPDIR (and a kill can leave files in it)
         env = dict(env, TMPDIR=root)
     try:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             out, err = proc.communicate(timeout=backstop)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the driver was still running after {backstop:g} s: stopped it "
-                               f"and the processes it started") from None
+            raise RuntimeError(
+                f"the driver was still running after {backstop:g} s: stopped it "
+                f"and the processes it started"
+            ) from None
         finally:
             if proc.poll() is None:  # timed out or interrupted: stop the whole group
                 try:

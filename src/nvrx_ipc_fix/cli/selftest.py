@@ -22,8 +22,10 @@ def run(timeout=120):
         print("nvidia-resiliency-ext is not installed: nothing to test.")
         return 2
     rows, ok = [], True
-    for label, fix, release in (("without nvrx-ipc-fix", False, []),
-                                ("with nvrx-ipc-fix (flush)", True, ["flush"])):
+    for label, fix, release in (
+        ("without nvrx-ipc-fix", False, []),
+        ("with nvrx-ipc-fix (flush)", True, ["flush"]),
+    ):
         steps = ",".join(["save", "save", *release, "offload", "measure", "onload", "save"])
         report = in_subprocess(steps, fix, timeout, TENSORS, NUMEL)
         held = report["measures"][0]["allocated"] if "measures" in report else None
@@ -38,9 +40,17 @@ def run(timeout=120):
     for label, held, next_save, stale, hung, _ in rows:
         held_text = "n/a (no CUDA)" if held is None else f"{held / MIB:8.1f} MiB"
         save_text = "HANG" if hung else f"{next_save:.3f} s"
-        print(f"  {label:<27} held after offload: {held_text}   next save blocks: "
-              f"{save_text}   stale tensors: {stale}")
-    print(("PASS" if ok else "FAIL") + ("" if device == "cuda" else
-                                        " (no CUDA: GPU memory was not checked; stale tensors "
-                                        "and hangs were, on the CPU stand-in)"))
+        print(
+            f"  {label:<27} held after offload: {held_text}   next save blocks: "
+            f"{save_text}   stale tensors: {stale}"
+        )
+    print(
+        ("PASS" if ok else "FAIL")
+        + (
+            ""
+            if device == "cuda"
+            else " (no CUDA: GPU memory was not checked; stale tensors "
+            "and hangs were, on the CPU stand-in)"
+        )
+    )
     return 0 if ok else 1

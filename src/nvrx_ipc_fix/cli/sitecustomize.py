@@ -11,7 +11,7 @@ import os
 
 MARKER = "# nvrx-ipc-fix sitecustomize"
 
-TEMPLATE = f'''{MARKER}: written by `python -m nvrx_ipc_fix install-sitecustomize`.
+TEMPLATE = f"""{MARKER}: written by `python -m nvrx_ipc_fix install-sitecustomize`.
 # Activates nvrx_ipc_fix at interpreter start-up (NVRX_IPC_FIX_AUTO=0 turns this off), then
 # runs the sitecustomize that this file hides. Delete this file to undo.
 import os
@@ -45,7 +45,7 @@ def _run_hidden_sitecustomize():
 
 
 _run_hidden_sitecustomize()
-'''
+"""
 
 
 def install(directory):
@@ -61,13 +61,17 @@ def install(directory):
         if os.path.lexists(path):
             with open(path, encoding="utf-8", errors="replace") as existing:
                 if not existing.read().startswith(MARKER):
-                    return 1, (f"{path} exists and is not ours; not touched. Use a directory "
-                               "earlier on sys.path: the file written there runs this one.")
+                    return 1, (
+                        f"{path} exists and is not ours; not touched. Use a directory "
+                        "earlier on sys.path: the file written there runs this one."
+                    )
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as out:
             out.write(TEMPLATE)
     except OSError as exc:
         return 1, f"cannot write {path}: {exc.strerror or exc}; nothing changed."
-    return 0, (f"wrote {path}: processes whose sys.path has {os.path.dirname(path)} ahead of "
-               "any other sitecustomize activate nvrx_ipc_fix at start-up (source "
-               "'sitecustomize') and still run the sitecustomize it hides.")
+    return 0, (
+        f"wrote {path}: processes whose sys.path has {os.path.dirname(path)} ahead of "
+        "any other sitecustomize activate nvrx_ipc_fix at start-up (source "
+        "'sitecustomize') and still run the sitecustomize it hides."
+    )

@@ -52,15 +52,7 @@ class Totals:
 
 
 totals = Totals()
-_totals_lock = threading.Lock()
-
-
-def _fresh_lock():
-    global _totals_lock
-    _totals_lock = threading.Lock()
-
-
-_fork.in_child(_fresh_lock)
+_totals_lock = _fork.renewed(threading.Lock())
 
 
 def add(**deltas) -> None:
@@ -86,7 +78,7 @@ def device_free_bytes() -> int | None:
         if not torch.cuda.is_initialized():
             return None
         return int(torch.cuda.mem_get_info()[0])
-    except Exception:  # noqa: BLE001 no device figure: torch's CUDA query failed
+    except (RuntimeError, AssertionError, ValueError):  # torch's CUDA query failed: no figure
         return None
 
 
@@ -105,8 +97,9 @@ def forget_keys() -> None:
         forget()
 
 
-def clear_trainer_caches(reason: str, free_before: int | None = None,
-                         keys: int | None = None) -> Cleanup | None:
+def clear_trainer_caches(
+    reason: str, free_before: int | None = None, keys: int | None = None
+) -> Cleanup | None:
     """Empty the writer's caches, collect garbage and release CUDA IPC blocks.
 
     ``free_before`` is the device's free memory measured before the worker was closed,
@@ -139,7 +132,8 @@ def _clear(reason: str, free_before: int | None, keys: int | None) -> Cleanup:
     add(cleanups=1, keys_cleared=keys, freed_bytes=freed or 0)
     logger.info(
         "cleared %d cached checkpoint key(s) after %s%s (%.2f s)",
-        keys, reason,
+        keys,
+        reason,
         "" if freed is None else f"; freed {freed / GIB:.2f} GiB on this device",
         done.seconds,
     )

@@ -73,8 +73,10 @@ def _invalid(name, raw, why):
     global _held_hooked
     from . import log
 
-    if log.setting_problem((name, raw), f"nvrx_ipc_fix: {name}={raw!r} {why}", name) \
-            and not _held_hooked:
+    if (
+        log.setting_problem((name, raw), f"nvrx_ipc_fix: {name}={raw!r} {why}", name)
+        and not _held_hooked
+    ):
         _held_hooked = True
         from . import hooks
         from .detect import MODULES
@@ -101,6 +103,7 @@ def _read(name, parse, *args):
 # ``(value, problem)``: the value the package uses, and why the one set is not understood
 # (``None`` when it is), naming what the package does instead.
 
+
 def _parse_disable(raw, known=None):
     if known is None:
         from .fix_names import FIXES
@@ -113,9 +116,11 @@ def _parse_disable(raw, known=None):
     names = [part.strip() for part in raw.split(",")]
     unknown = sorted(set(names).difference(known))  # "": an empty item, as in ","
     if unknown:
-        return None, (f"is not understood (unknown: "
-                      f"{', '.join(name or 'an empty item' for name in unknown)}; use 1, or a "
-                      f"comma list of {', '.join(known)}); the whole package is off")
+        return None, (
+            f"is not understood (unknown: "
+            f"{', '.join(name or 'an empty item' for name in unknown)}; use 1, or a "
+            f"comma list of {', '.join(known)}); the whole package is off"
+        )
     return frozenset(names), None
 
 
@@ -134,8 +139,10 @@ def _parse_log_level(raw):
 def _parse_strategy(raw):
     """``None`` when unset or not understood: each reader has its own default."""
     if raw and raw not in STRATEGIES:
-        return None, (f"is not one of {', '.join(STRATEGIES)}; using the default (flush for "
-                      f"release(), suspend for the automatic release)")
+        return None, (
+            f"is not one of {', '.join(STRATEGIES)}; using the default (flush for "
+            f"release(), suspend for the automatic release)"
+        )
     return raw or None, None
 
 
@@ -155,8 +162,10 @@ def _parse_seconds(raw, default, allow_zero=False):
     try:
         value = seconds(float(raw), "", allow_zero)
     except ValueError:
-        return default, (f"is not a number of seconds {'>= 0' if allow_zero else '> 0'} "
-                         f"(or inf); using {default:g}")
+        return default, (
+            f"is not a number of seconds {'>= 0' if allow_zero else '> 0'} "
+            f"(or inf); using {default:g}"
+        )
     if value == float("inf") and "inf" not in raw:
         return default, f"is too large for a number of seconds (inf: no limit); using {default:g}"
     return value, None
@@ -182,8 +191,7 @@ def _parse_on(raw):
 def _parse_prewarm(raw):
     if raw in _TRUE or raw == "start":
         return True, None
-    return False, (None if raw in _FALSE | {"never", "none"} else
-                   "is not start or off; using off")
+    return False, (None if raw in _FALSE | {"never", "none"} else "is not start or off; using off")
 
 
 def _show_seconds(value):
@@ -207,24 +215,68 @@ class Setting:
 STRATEGIES = ("flush", "terminate", "restart", "suspend")
 #: Every variable the package reads (a test checks that none is missing); doctor checks each.
 SETTINGS = (
-    Setting(DISABLE, _parse_disable, lambda v: "the package is off" if v is None else
-            (f"{', '.join(sorted(v))} off" if v else "every fix on")),
+    Setting(
+        DISABLE,
+        _parse_disable,
+        lambda v: (
+            "the package is off"
+            if v is None
+            else (f"{', '.join(sorted(v))} off" if v else "every fix on")
+        ),
+    ),
     Setting(AUTO, _parse_auto, lambda v: "start-up activation " + ("on" if v else "off")),
-    Setting(LOG_LEVEL, _parse_log_level,
-            lambda v: f"a stderr handler at {v}" if v else "no log handler (NullHandler)"),
-    Setting(STRATEGY, _parse_strategy, lambda v: v or "flush for release(), suspend for "
-            "the automatic release (restart where the CUDA driver cannot suspend)"),
+    Setting(
+        LOG_LEVEL,
+        _parse_log_level,
+        lambda v: f"a stderr handler at {v}" if v else "no log handler (NullHandler)",
+    ),
+    Setting(
+        STRATEGY,
+        _parse_strategy,
+        lambda v: (
+            v
+            or "flush for release(), suspend for "
+            "the automatic release (restart where the CUDA driver cannot suspend)"
+        ),
+    ),
     Setting(RELEASE, _parse_release, lambda v: f"release automatically: {v}"),
-    Setting(RELEASE_TIMEOUT, _parse_release_timeout,
-            lambda v: f"release() waits for the worker: {_show_seconds(v)}"),
-    Setting(STALL_TIMEOUT, _parse_stall_timeout,
-            lambda v: "stall report: " + ("never" if v == float("inf") else f"after {v:g} s")),
-    Setting(PREWARM, _parse_prewarm, lambda v: "a persistent queue starts its worker when "
-            "created" if v else "off: the worker starts at the first save (or prewarm())"),
-    Setting(PIN, _parse_on, lambda v: "on: a prewarmed worker pins the last save's host "
-            "memory ahead" if v else "off: a prewarmed worker's first save pins host memory"),
-    Setting(STANDBY, _parse_on, lambda v: "on: restart's next worker is forked from a standby "
-            "with torch and NVRx imported" if v else "off: NVRx spawns each worker"),
+    Setting(
+        RELEASE_TIMEOUT,
+        _parse_release_timeout,
+        lambda v: f"release() waits for the worker: {_show_seconds(v)}",
+    ),
+    Setting(
+        STALL_TIMEOUT,
+        _parse_stall_timeout,
+        lambda v: "stall report: " + ("never" if v == float("inf") else f"after {v:g} s"),
+    ),
+    Setting(
+        PREWARM,
+        _parse_prewarm,
+        lambda v: (
+            "a persistent queue starts its worker when created"
+            if v
+            else "off: the worker starts at the first save (or prewarm())"
+        ),
+    ),
+    Setting(
+        PIN,
+        _parse_on,
+        lambda v: (
+            "on: a prewarmed worker pins the last save's host memory ahead"
+            if v
+            else "off: a prewarmed worker's first save pins host memory"
+        ),
+    ),
+    Setting(
+        STANDBY,
+        _parse_on,
+        lambda v: (
+            "on: restart's next worker is forked from a standby with torch and NVRx imported"
+            if v
+            else "off: NVRx spawns each worker"
+        ),
+    ),
 )
 
 
@@ -280,8 +332,7 @@ def seconds(value, what, allow_zero=False):
         if number > 0 or (allow_zero and number == 0):  # NaN fails both
             return number
     bound = ">= 0" if allow_zero else "> 0"
-    raise ValueError(f"{what} must be a number of seconds {bound} (inf: no limit), "
-                     f"not {value!r}")
+    raise ValueError(f"{what} must be a number of seconds {bound} (inf: no limit), not {value!r}")
 
 
 def release_timeout():

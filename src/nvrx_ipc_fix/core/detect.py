@@ -20,8 +20,7 @@ NEMO_VALUE = "nemo_rl.models.value.workers.megatron_value_worker"
 SLIME_ACTOR = "slime.backends.megatron_utils.actor"
 #: Every module a target of the table (``targets.TARGETS``) patches: what the warnings held
 #: back about settings wait for (a test checks it against the table).
-MODULES = (CORE, FS, MCORE_ASYNC, MCORE_FS, MEGATRON, BRIDGE, NEMO_POLICY, NEMO_VALUE,
-           SLIME_ACTOR)
+MODULES = (CORE, FS, MCORE_ASYNC, MCORE_FS, MEGATRON, BRIDGE, NEMO_POLICY, NEMO_VALUE, SLIME_ACTOR)
 #: First release with the IPC tensor cache.
 FIRST_CACHING_RELEASE = (0, 6, 0)
 #: The newest release of each distribution the package was tested with (the tox matrix and
@@ -31,8 +30,12 @@ TESTED = {NVRX_DIST: "0.7.0", MCORE_DIST: "0.19.2"}
 #: not installed is ``not_applicable`` until its module is imported all the same (a checkout
 #: on ``PYTHONPATH``). NeMo RL and slime, often run from a checkout, are not named: their
 #: targets stay ``pending``.
-_SHIPPED_BY = (("nvidia_resiliency_ext.", NVRX_DIST), ("megatron.bridge.", "megatron-bridge"),
-               ("megatron.core.", MCORE_DIST), ("megatron.training.", MCORE_DIST))
+_SHIPPED_BY = (
+    ("nvidia_resiliency_ext.", NVRX_DIST),
+    ("megatron.bridge.", "megatron-bridge"),
+    ("megatron.core.", MCORE_DIST),
+    ("megatron.training.", MCORE_DIST),
+)
 
 
 def distribution_version(name: str) -> str | None:
@@ -43,7 +46,7 @@ def distribution_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-    except Exception:  # noqa: BLE001 a broken dist-info must not break status()
+    except (ImportError, OSError, ValueError, TypeError):  # a broken dist-info: unknown
         return "unknown"
 
 
@@ -68,7 +71,8 @@ def features() -> dict[str, str]:
         found["PersistentAsyncCaller._worker_data_cache"] = "not imported"
     else:
         found["PersistentAsyncCaller._worker_data_cache"] = _yes(
-            hasattr(caller, "_worker_data_cache"))
+            hasattr(caller, "_worker_data_cache")
+        )
     writer = writer_class()
     names = ("_cached_identifiers", "cleanup_tensor_caches", "_cached_tensor_data_ptrs")
     for name in names:
@@ -135,7 +139,7 @@ def untested(dist: str, version: str | None) -> bool:
         from packaging.version import Version
 
         found, newest = Version(version), Version(TESTED[dist])
-    except Exception:  # noqa: BLE001 InvalidVersion; packaging missing
+    except (ImportError, ValueError):  # InvalidVersion; packaging missing
         return True
     width = max(len(found.release), len(newest.release))
 
@@ -148,5 +152,8 @@ def untested(dist: str, version: str | None) -> bool:
 def untested_versions() -> dict[str, str]:
     """Each installed distribution of ``TESTED`` that is newer than tested -> its version."""
     found = {dist: distribution_version(dist) for dist in TESTED}
-    return {dist: version for dist, version in found.items()
-            if version is not None and untested(dist, version)}
+    return {
+        dist: version
+        for dist, version in found.items()
+        if version is not None and untested(dist, version)
+    }

@@ -21,9 +21,10 @@ The regions (``targets``):
   its call neither returns nor raises before the abort is done.
 
 A save's planning (``prepare_write_data``, fix ``clear_on_close``: ``planning``) waits for a
-release in another thread to end; where it plans to send only a cache key (the worker's cache
-must stay as it is until the save reaches the worker), the save is *planned* until its
-schedule, and a release in another thread waits for it (bounded) before it touches anything.
+release in another thread to end; then the save is *planned* from before NVRx looks up its
+cache key until the planning ends, and where it plans to send only that key (the worker's
+cache must stay as it is until the save reaches the worker), until its schedule. A release in
+another thread waits for the planned saves (bounded) before it touches anything.
 """
 
 from __future__ import annotations
@@ -56,14 +57,20 @@ class Rest:
 
     def __call__(self, *args, **kwargs):
         steps, index = self._steps, self._index
-        wrapped = (self.__wrapped__ if index + 1 == len(steps) else
-                   Rest(steps, index + 1, self.__wrapped__, self._instance, self._names))
+        wrapped = (
+            self.__wrapped__
+            if index + 1 == len(steps)
+            else Rest(steps, index + 1, self.__wrapped__, self._instance, self._names)
+        )
         return steps[index](wrapped, self._instance, args, kwargs)
 
 
 def _names(function):
-    return {name: getattr(function, name) for name in ("__module__", "__qualname__", "__name__")
-            if hasattr(function, name)}
+    return {
+        name: getattr(function, name)
+        for name in ("__module__", "__qualname__", "__name__")
+        if hasattr(function, name)
+    }
 
 
 class Dispatch:
@@ -156,12 +163,14 @@ def holding(queues, timeout, why):
     with ExitStack() as stack:
         for queue in sorted(queues, key=id):
             lock = queue_lock(queue)
-            if not lock.acquire(timeout=max(0.0, min(deadline - time.monotonic(),
-                                                     threading.TIMEOUT_MAX))):
+            if not lock.acquire(
+                timeout=max(0.0, min(deadline - time.monotonic(), threading.TIMEOUT_MAX))
+            ):
                 raise RuntimeError(
                     f"nvrx_ipc_fix: {why} waited {timeout:g} s for queue {id(queue):#x}, which "
                     "another thread is scheduling, finalizing or closing a save on; nothing was "
-                    "done. Call it from the thread that saves, or when no save is in progress")
+                    "done. Call it from the thread that saves, or when no save is in progress"
+                )
             stack.callback(lock.release)
             stack.enter_context(_Inside(queue))
         yield
@@ -262,8 +271,11 @@ class _Inside:
         try:
             by = _aborts.met(*self.mark)
             if by is not None and exc is not None and not isinstance(exc, CheckpointWorkerError):
-                add_note(exc, f"nvrx_ipc_fix: during this call, close(abort=True) from thread "
-                              f"{by!r} aborted this queue's checkpoint worker")
+                add_note(
+                    exc,
+                    f"nvrx_ipc_fix: during this call, close(abort=True) from thread "
+                    f"{by!r} aborted this queue's checkpoint worker",
+                )
         finally:
             self.marks.remove(self.mark)
 
@@ -301,6 +313,7 @@ def device_of(queue):
 
 # -- a save's planning -----------------------------------------------------------------------------
 
+
 class Planning:
     """The saves planned to send only a cache key and not yet scheduled, per thread, and the
     release that waits for them; see the module doc."""
@@ -318,18 +331,27 @@ class Planning:
     @contextmanager
     def planning(self, writer):
         """Around one ``prepare_write_data``: wait for a release in another thread (unless this
-        thread has planned saves a release already waits for); then, where the save sends
-        only a cache key, keep it planned until this thread's next schedule."""
-        me = threading.get_ident()
+        thread has planned saves a release already waits for); then the save is planned, from
+        before NVRx looks up its cache key (a release that begins meanwhile waits), until
+        this thread's next schedule where it sends only that key, else until the planning
+        ends."""
+        from .shapes import reused
+
+        me, plan = threading.get_ident(), weakref.ref(writer)
         with self.cond:
             while self._foreign() and not self._live(me):
                 self.cond.wait()
-        yield
-        from .shapes import reused
-
-        if reused(writer):
-            with self.cond:
-                self.planned.setdefault(me, []).append(weakref.ref(writer))
+            self.planned.setdefault(me, []).append(plan)
+        kept = False
+        try:
+            yield
+            kept = reused(writer)
+        finally:
+            if not kept:
+                with self.cond:
+                    self.planned[me].remove(plan)
+                    self._live(me)
+                    self.cond.notify_all()
 
     def _live(self, ident):
         refs = [ref for ref in self.planned.get(ident, ()) if ref() is not None]
@@ -383,11 +405,15 @@ class Planning:
             what = f"another release (thread {self.releasing}) to end"
         else:
             threads = sorted(ident for ident in self.planned if ident != me)
-            what = (f"the save(s) planned on thread(s) {', '.join(map(str, threads))} to be "
-                    "scheduled (they send only a cache key: releasing now would drop the "
-                    "cache they name)")
-        return (f"nvrx_ipc_fix: release() waited {timeout:g} s for {what}; nothing was "
-                "released. Call it from the thread that saves, or between saves")
+            what = (
+                f"the save(s) planned on thread(s) {', '.join(map(str, threads))} to be "
+                "scheduled (a save that sends only a cache key: releasing now would drop "
+                "the cache it names)"
+            )
+        return (
+            f"nvrx_ipc_fix: release() waited {timeout:g} s for {what}; nothing was "
+            "released. Call it from the thread that saves, or between saves"
+        )
 
 
 planning = Planning()

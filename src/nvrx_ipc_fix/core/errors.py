@@ -27,10 +27,17 @@ class CheckpointWorkerError(RuntimeError):
     sends full tensors.
     """
 
-    def __init__(self, message: str, *, rank: int | None = None, save: int | None = None,
-                 worker_pid: int | None = None, exitcode: int | None = None,
-                 worker_traceback: str | None = None,
-                 failed_ranks: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        save: int | None = None,
+        worker_pid: int | None = None,
+        exitcode: int | None = None,
+        worker_traceback: str | None = None,
+        failed_ranks: Iterable[int] = (),
+    ) -> None:
         super().__init__(message)
         self.rank = rank  # the rank that raised
         self.save = save  # NVRx's call_idx of the (first) failed save
@@ -54,8 +61,14 @@ class RanksWithoutPackageError(RuntimeError):
     with NVRx alone. Activate the package on every rank (``python -m nvrx_ipc_fix doctor``
     tells how)."""
 
-    def __init__(self, message: str, *, rank: int | None = None, ranks: Iterable[int] = (),
-                 world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        ranks: Iterable[int] = (),
+        world_size: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.rank = rank  # the rank that raised
         self.ranks = tuple(ranks)  # the ranks that did not say they run the package
@@ -91,10 +104,30 @@ def add_note(exc, text):
 
 def annotate(exc, failure):
     """``exc`` ends a call that had met ``failure`` (a failed checkpoint) first: show both."""
-    add_note(exc, f"nvrx_ipc_fix: before this error, the same call had met a failed "
-                  f"checkpoint: {type(failure).__name__}: {str(failure).splitlines()[0]}")
+    add_note(
+        exc,
+        f"nvrx_ipc_fix: before this error, the same call had met a failed "
+        f"checkpoint: {type(failure).__name__}: {str(failure).splitlines()[0]}",
+    )
     if exc.__context__ is None:
         exc.__context__ = failure
+
+
+class shown_with:
+    """``with shown_with(failure):`` an exception that ends the block shows ``failure`` (a
+    failed checkpoint the call met first; None: nothing to show) with it (``annotate``)."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self, failure):
+        self.failure = failure
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, traceback):
+        if exc is not None and self.failure is not None:
+            annotate(exc, self.failure)
 
 
 def deliver(failure, call):
@@ -103,9 +136,6 @@ def deliver(failure, call):
     too, its exception propagates, ``failure`` shown with it (``annotate``)."""
     if failure is None:
         return call()
-    try:
+    with shown_with(failure):
         call()
-    except BaseException as exc:
-        annotate(exc, failure)
-        raise
     raise failure

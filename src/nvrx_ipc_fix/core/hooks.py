@@ -21,16 +21,9 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 _hooks: dict[str, list[Callable[[ModuleType], object]]] = {}  # module name -> [callable(module)]
-_lock = _thread.allocate_lock()  # _hooks: registered by activation, taken by the importer
+#: _hooks: registered by activation, taken by the importer
+_lock = _fork.renewed(_thread.allocate_lock())
 _searching = _thread._local()  # .names: what this thread's finder is looking up (re-entry)
-
-
-def _fresh_lock():
-    global _lock
-    _lock = _thread.allocate_lock()
-
-
-_fork.in_child(_fresh_lock)
 
 
 def when_imported(name, hook):
@@ -60,8 +53,9 @@ def now_or_when_ready(module, hook):
         if sys.modules.get(module.__name__) is module:
             _call(hook, module)
 
-    threading.Thread(target=wait, name=f"nvrx_ipc_fix: after import {module.__name__}",
-                     daemon=True).start()
+    threading.Thread(
+        target=wait, name=f"nvrx_ipc_fix: after import {module.__name__}", daemon=True
+    ).start()
 
 
 def _call(hook, module):
@@ -70,8 +64,12 @@ def _call(hook, module):
     except Exception as exc:  # noqa: BLE001 the user's import must not fail because of us
         from .log import warn_once
 
-        warn_once(("import-hook", module.__name__), "nvrx_ipc_fix: hook for %s failed: %s",
-                  module.__name__, exc)
+        warn_once(
+            ("import-hook", module.__name__),
+            "nvrx_ipc_fix: hook for %s failed: %s",
+            module.__name__,
+            exc,
+        )
 
 
 class _Finder:

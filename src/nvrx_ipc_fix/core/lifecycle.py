@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .status import Status
     from .targets import Target
 
-_lock = RLock()
+_lock = _fork.renewed(RLock())
 _active = False
 _source = None  # how the current activation happened: Status.source
 #: every source that asked for activation in this process: Status.requested_by
@@ -47,14 +47,6 @@ _seen_dists: set[str] = set()
 _patches: dict[Target, Patch] = {}  # Target -> the patching.Patch of its call, while its step is in
 #: call name -> patching.Patch: every wrapper of ours in place, switched on or off
 _calls: dict[str, Patch] = {}
-
-
-def _fresh_lock():
-    global _lock
-    _lock = RLock()
-
-
-_fork.in_child(_fresh_lock)
 
 
 def activate() -> Status:
@@ -154,8 +146,11 @@ def _on_import(module):
 
     mine = [t for t in TARGETS if t.module == module.__name__]
     decided = _all_or_nothing({t: _decide(t, module) for t in mine})
-    steps = {t: step_of(t) for t, (state, *_) in decided.items()
-             if state == "active" and t not in _patches}
+    steps = {
+        t: step_of(t)
+        for t, (state, *_) in decided.items()
+        if state == "active" and t not in _patches
+    }
     found = _losses.distribution(module.__name__, _seen_dists)
     with _lock:
         if not _active:  # deactivated meanwhile
@@ -225,8 +220,9 @@ def _install_decided(decided, module, steps):
         elif state == "active":
             try:
                 if target not in _patches:
-                    patch = _calls[target.name] = install(target, steps[target], module,
-                                                          _calls.get(target.name))
+                    patch = _calls[target.name] = install(
+                        target, steps[target], module, _calls.get(target.name)
+                    )
                     _patches[target] = patch
                     if vars(patch.owner).get(patch.name) is not patch.wrapper:
                         reason = f"{reason} (re-enabled under another wrapper)"

@@ -1,10 +1,12 @@
 """The package logger (``nvrx_ipc_fix``, ``NullHandler`` by default, a stderr handler at
 ``NVRX_IPC_FIX_LOG_LEVEL``: ``configure``), warn-once, the ``RuntimeWarning`` that names the
 user's line (``warn``), the warnings about settings (``setting_problem``: held back during
-start-up until a patched module is imported), and hook errors.
+start-up until a patched module is imported), and the package's own defects (``hook_failed``;
+``guard``, the one context manager around its own code).
 
 Imported only when something is logged or warned, so that activation does not import
-``logging``. Imports ``state`` alone: every other module may deliver its warnings here.
+``logging``. Imports ``state`` and ``errors`` alone: every other module may deliver its
+warnings here.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+
+from .errors import CheckpointWorkerError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -22,16 +26,9 @@ logger.addHandler(logging.NullHandler())
 
 _seen: set[Hashable] = set()
 _lock = threading.Lock()
-
-
-def _fresh_lock():
-    global _lock
-    _lock = threading.Lock()
-
-
-# the parent's may be held by a thread the child does not have; not through ``fork.in_child``,
-# which reports its callbacks' failures here
-os.register_at_fork(after_in_child=_fresh_lock)
+# fresh in a child of os.fork() (not through ``fork.renewed``: fork reports its callbacks'
+# failures here)
+os.register_at_fork(after_in_child=_lock._at_fork_reinit)  # type: ignore[attr-defined]
 
 #: Target name (or "fix target name", one fix's wrapper) -> one-line reason of the last
 #: failure inside our hook code.
@@ -56,10 +53,52 @@ def hook_failed(target, exc, fix=None):
     errors[target if fix is None else f"{fix} {target}"] = reason
     key = ("hook", target, fix, type(exc).__name__)
     where = target if fix is None else f"{target} ({fix})"
-    message = (f"nvrx_ipc_fix: hook on {where} failed and was skipped ({reason}); NVRx "
-               f"behaves as without the fix for this call")
+    message = (
+        f"nvrx_ipc_fix: hook on {where} failed and was skipped ({reason}); NVRx "
+        f"behaves as without the fix for this call"
+    )
     warn_once(key, "%s", message)
     warn(message, key)
+
+
+class guard:
+    """``with guard(target, fix=None) as it:`` around the package's own bookkeeping (modelled
+    on sentry-python's ``capture_internal_exceptions``). An ``Exception`` raised in the block
+    is a defect of the package: ``hook_failed`` says it once and records it for
+    ``status()``, the block ends there and ``it.failed`` holds it, so that the caller falls
+    back to NVRx's own behaviour. A checkpoint's failure is never caught: a
+    ``BaseException`` that is no ``Exception`` (an interrupt, torch's
+    ``CheckpointException``), the package's ``CheckpointWorkerError``, and whatever a frame
+    of NVRx, megatron-core or torch raised pass through."""
+
+    __slots__ = ("target", "fix", "failed")
+
+    def __init__(self, target, fix=None):
+        self.target, self.fix, self.failed = target, fix, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, traceback):
+        if exc is None or not isinstance(exc, Exception) or _checkpoint_failure(exc, traceback):
+            return False
+        self.failed = exc
+        hook_failed(self.target, exc, self.fix)
+        return True
+
+
+#: modules whose exceptions are the checkpoint's, never the package's
+_THEIRS = ("nvidia_resiliency_ext", "megatron", "torch")
+
+
+def _checkpoint_failure(exc, traceback):
+    if isinstance(exc, CheckpointWorkerError):
+        return True
+    while traceback is not None:
+        if traceback.tb_frame.f_globals.get("__name__", "").partition(".")[0] in _THEIRS:
+            return True
+        traceback = traceback.tb_next
+    return False
 
 
 #: keys of the RuntimeWarnings given in this process (settings: (name, raw))
@@ -85,13 +124,15 @@ def warn(message, *keys):
 
     try:
         warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
-    except Exception:  # noqa: BLE001 -W error: printed instead, never raised
+    except Warning:  # -W error: printed instead, never raised
         import sys
 
         try:
-            sys.stderr.write(f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
-                             f"breaks the program it patches): {message}\n")
-        except Exception:  # noqa: BLE001 no stderr
+            sys.stderr.write(
+                f"RuntimeWarning (printed, not raised: nvrx_ipc_fix never "
+                f"breaks the program it patches): {message}\n"
+            )
+        except (OSError, ValueError, AttributeError):  # no stderr
             pass
     return True
 
@@ -107,8 +148,9 @@ def configure(level):
     global _handler
     if _handler is None:
         _handler = logging.StreamHandler()
-        _handler.setFormatter(logging.Formatter(
-            "nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s"))
+        _handler.setFormatter(
+            logging.Formatter("nvrx_ipc_fix[%(process)d] %(levelname)s: %(message)s")
+        )
         logger.addHandler(_handler)
     logger.setLevel(level.upper())
 
@@ -120,9 +162,11 @@ def setting_problem(key, message, name):
         return False
     read = _holder()
     if read:
-        _held[key] = (f"{message}. Read {read}, shown now that a module it patches is "
-                      f"imported; unset {name} or give it a value it understands to silence "
-                      f"this (`python -m nvrx_ipc_fix doctor` checks every setting)")
+        _held[key] = (
+            f"{message}. Read {read}, shown now that a module it patches is "
+            f"imported; unset {name} or give it a value it understands to silence "
+            f"this (`python -m nvrx_ipc_fix doctor` checks every setting)"
+        )
         return True
     _held.pop(key, None)
     warn(message, key)
@@ -154,8 +198,10 @@ def _holder():
     startup = sys.modules.get("_nvrx_ipc_fix_startup")
     how = getattr(startup, "running", None)
     if how == "pth":
-        return (f"at start-up by nvrx-ipc-fix's start-up file nvrx_ipc_fix.pth (in "
-                f"{os.path.dirname(os.path.abspath(startup.__file__))})")
+        return (
+            f"at start-up by nvrx-ipc-fix's start-up file nvrx_ipc_fix.pth (in "
+            f"{os.path.dirname(os.path.abspath(startup.__file__))})"
+        )
     if how:
         where = getattr(sys.modules.get("sitecustomize"), "__file__", None)
         return f"at start-up by nvrx-ipc-fix's sitecustomize ({where or how})"
@@ -182,9 +228,9 @@ def _ours(filename):
     roots = [os.path.dirname(os.path.dirname(__file__))]  # the package (core/..)
     for name in _PAST:
         roots += list(getattr(sys.modules.get(name), "__path__", None) or ())
-    return (os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.")
-            or any(isinstance(root, str) and filename.startswith(os.path.join(root, ""))
-                   for root in roots))
+    return os.path.basename(filename).startswith("_nvrx_ipc_fix_startup.") or any(
+        isinstance(root, str) and filename.startswith(os.path.join(root, "")) for root in roots
+    )
 
 
 def _internal(frame):
@@ -219,5 +265,5 @@ def _caller_level():
                 frame = frame.f_back
             level += 1
         return level if frame is not None else entered
-    except Exception:  # noqa: BLE001 no frames (another Python): the caller of the reader
+    except (AttributeError, ValueError):  # no frames (another Python): the caller of the reader
         return 2

@@ -10,8 +10,10 @@ from .targets import TARGETS
 
 def held_reason(target, causes):
     """Why ``target`` is not patched: ``causes``, targets of its fix, are lost here."""
-    return (f"not patched: {target.fix} goes in all or nothing, and "
-            f"{', '.join(c.attr for c in causes)} cannot be patched here")
+    return (
+        f"not patched: {target.fix} goes in all or nothing, and "
+        f"{', '.join(c.attr for c in causes)} cannot be patched here"
+    )
 
 
 def lost(mine, verdicts):
@@ -22,11 +24,19 @@ def lost(mine, verdicts):
         rows = [(t, *verdicts[t]) for t in mine if t.fix == fix]
         keys = [("target", fix, t.name) for t, state, *_ in rows if state in LOST]
         if keys:
-            how = ("applies only in part" if any(state == "active" for _, state, *_ in rows)
-                   else "does not apply")
-            notices.append((f"nvrx_ipc_fix: {fix} {how}: {loss(rows)}. NVRx runs as without "
-                            f"it where it is not patched; `python -m nvrx_ipc_fix` shows the "
-                            f"full state", keys))
+            how = (
+                "applies only in part"
+                if any(state == "active" for _, state, *_ in rows)
+                else "does not apply"
+            )
+            notices.append(
+                (
+                    f"nvrx_ipc_fix: {fix} {how}: {loss(rows)}. NVRx runs as without "
+                    f"it where it is not patched; `python -m nvrx_ipc_fix` shows the "
+                    f"full state",
+                    keys,
+                )
+            )
     return notices
 
 
@@ -42,8 +52,9 @@ def loss(rows):
             else:
                 why.setdefault((state, reason), []).append(target.attr)
         text = "; ".join(_said(attrs, *verdict) for verdict, attrs in why.items())
-        parts.append(f"in {module}, {text}" + (f", so not patched either: {', '.join(held)}"
-                                               if held else ""))
+        parts.append(
+            f"in {module}, {text}" + (f", so not patched either: {', '.join(held)}" if held else "")
+        )
     active = [t.name for t, state, *_ in rows if state == "active"]
     return "; ".join(parts + ([f"still active: {', '.join(active)}"] if active else []))
 
@@ -70,9 +81,17 @@ def untested(found, verdicts):
     dist, version, newer = found
     if not newer:
         return []
-    active = dict.fromkeys(t.fix for t in TARGETS if _detect.shipped_by(t.module) == dist
-                           and verdicts.get(t, ("",))[0] == "active")
-    return [(f"nvrx_ipc_fix: {dist} {version} is untested (newest tested: "
-             f"{_detect.TESTED[dist]}); the fixes apply where their checks of its code pass "
-             f"(active so far: {', '.join(active) or 'none'}); `python -m nvrx_ipc_fix` shows "
-             f"the full state", [("untested", dist)])]
+    active = dict.fromkeys(
+        t.fix
+        for t in TARGETS
+        if _detect.shipped_by(t.module) == dist and verdicts.get(t, ("",))[0] == "active"
+    )
+    return [
+        (
+            f"nvrx_ipc_fix: {dist} {version} is untested (newest tested: "
+            f"{_detect.TESTED[dist]}); the fixes apply where their checks of its code pass "
+            f"(active so far: {', '.join(active) or 'none'}); `python -m nvrx_ipc_fix` shows "
+            f"the full state",
+            [("untested", dist)],
+        )
+    ]

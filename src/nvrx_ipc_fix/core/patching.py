@@ -60,7 +60,7 @@ def step_of(target):
         importlib.import_module("wrapt")  # install uses it under lifecycle's lock
         module_name, function = target.step.split(":")
         return getattr(importlib.import_module(f"nvrx_ipc_fix.{module_name}"), function)
-    except Exception as exc:  # noqa: BLE001 the step's import failure is returned for status()
+    except (ImportError, AttributeError, ValueError) as exc:  # returned for status()
         return exc
 
 
@@ -73,8 +73,7 @@ def install(target, step, module, patch=None):
         patch = Patch(*_resolve(module, target.attr), CALLS[target.name])
         import wrapt  # imported by step_of
 
-        patch.wrapper = wrapt.FunctionWrapper(patch.original, patch.dispatch,
-                                              lambda: patch.enabled)
+        patch.wrapper = wrapt.FunctionWrapper(patch.original, patch.dispatch, lambda: patch.enabled)
         setattr(patch.owner, patch.name, patch.wrapper)
         if target.aliases:
             patch.aliases = _redirect_aliases(patch.original, patch.wrapper, skip=patch.owner)

@@ -17,7 +17,7 @@ def recording(planner, seen):
 
     try:
         planner.resolve_data = resolve_data
-    except Exception:  # noqa: BLE001 a planner that takes no attribute: NVRx's resolve_data
+    except (AttributeError, TypeError):  # a planner that takes no attribute: NVRx's resolve_data
         return None
 
     def restore():

@@ -51,8 +51,9 @@ def worker_cache(core):
         return "not_applicable", "this NVRx has no persistent worker"
     if hasattr(caller, "_worker_data_cache"):
         return "active", "NVRx caches tensors in its persistent worker"
-    return "not_applicable", ("this NVRx has no worker cache "
-                              "(no PersistentAsyncCaller._worker_data_cache)")
+    return "not_applicable", (
+        "this NVRx has no worker cache (no PersistentAsyncCaller._worker_data_cache)"
+    )
 
 
 def _cache_missing(fs):
@@ -64,8 +65,9 @@ def _cache_missing(fs):
             return None  # decided once the module is imported
         return "not_applicable", "this NVRx has no FileSystemWriterAsync"
     if "_cached_identifiers" not in vars(writer):
-        return "not_applicable", ("this NVRx has no IPC tensor cache "
-                                  "(no FileSystemWriterAsync._cached_identifiers)")
+        return "not_applicable", (
+            "this NVRx has no IPC tensor cache (no FileSystemWriterAsync._cached_identifiers)"
+        )
     return False
 
 
@@ -89,14 +91,15 @@ def writer_keys(fs):
     missing = _cache_missing(fs)
     if missing is not False:
         return missing
-    return "active", ("a save planned to send only a cache key keeps a release in another "
-                      "thread waiting until it is scheduled")
+    return "active", (
+        "a save planned to send only a cache key keeps a release in another "
+        "thread waiting until it is scheduled"
+    )
 
 
 #: What NVRx's writer does with ``results_queue``: sets it (``prepare_write_data``), hands it
 #: to the worker (``get_save_function_and_args``) and takes the save's results from it.
-RESULTS_QUEUE_USERS = ("prepare_write_data", "get_save_function_and_args",
-                       "retrieve_write_results")
+RESULTS_QUEUE_USERS = ("prepare_write_data", "get_save_function_and_args", "retrieve_write_results")
 
 
 def shared_results(fs):
@@ -110,13 +113,22 @@ def shared_results(fs):
         if fs is None or initializing(fs):
             return None  # decided once the module is imported
         return "not_applicable", "this NVRx has no FileSystemWriterAsync"
-    missing = [name for name in RESULTS_QUEUE_USERS if "results_queue" not in getattr(getattr(
-        inspect.unwrap(vars(writer).get(name, None)), "__code__", None), "co_names", ())]
+    missing = [
+        name
+        for name in RESULTS_QUEUE_USERS
+        if "results_queue"
+        not in getattr(
+            getattr(inspect.unwrap(vars(writer).get(name, None)), "__code__", None), "co_names", ()
+        )
+    ]
     if missing:
-        return "unsupported", (f"FileSystemWriterAsync.{', '.join(missing)} does not use "
-                               "results_queue as the fix expects")
-    return "active", ("each save takes its results from a queue of its own (NVRx shares one "
-                      "per process)")
+        return "unsupported", (
+            f"FileSystemWriterAsync.{', '.join(missing)} does not use "
+            "results_queue as the fix expects"
+        )
+    return "active", (
+        "each save takes its results from a queue of its own (NVRx shares one per process)"
+    )
 
 
 def cpu_snapshots(fs):
@@ -129,18 +141,25 @@ def cpu_snapshots(fs):
         if fs is None or initializing(fs):
             return None  # decided once the module is imported
         return "not_applicable", "this version has no FileSystemWriterAsync"
-    prepare, preload = (_codes(vars(writer).get(name))
-                        for name in ("prepare_write_data", "preload_tensors"))
+    prepare, preload = (
+        _codes(vars(writer).get(name)) for name in ("prepare_write_data", "preload_tensors")
+    )
     copies = [code for code in prepare[1:] if "clone" in code.co_names]  # its nested resolver
-    if (any("untyped_storage" not in code.co_names for code in copies)
-            or any("clone" in code.co_names for code in preload)):
-        return "fixed_upstream", ("NVRx copies every CPU tensor of a save before its schedule "
-                                  "returns (NVRx PR #376)")
+    if any("untyped_storage" not in code.co_names for code in copies) or any(
+        "clone" in code.co_names for code in preload
+    ):
+        return "fixed_upstream", (
+            "NVRx copies every CPU tensor of a save before its schedule returns (NVRx PR #376)"
+        )
     if not prepare or not {"uncached_tensor_data", "write_buckets"} & set(prepare[0].co_names):
-        return "unsupported", ("FileSystemWriterAsync.prepare_write_data keeps its tensors "
-                               "neither in uncached_tensor_data nor in write_buckets")
-    return "active", ("a save's CPU tensors are copied as its planning ends (this version "
-                      "sends the trainer's own, which the worker writes later)")
+        return "unsupported", (
+            "FileSystemWriterAsync.prepare_write_data keeps its tensors "
+            "neither in uncached_tensor_data nor in write_buckets"
+        )
+    return "active", (
+        "a save's CPU tensors are copied as its planning ends (this version "
+        "sends the trainer's own, which the worker writes later)"
+    )
 
 
 def _codes(function):
@@ -167,18 +186,24 @@ def persistent_worker(module):
     if caller is None or not hasattr(module, "AsyncCallsQueue"):
         return "not_applicable", "this version has no persistent checkpoint worker"
     if _upstream_error(module):  # Megatron-LM PR #6971
-        return "fixed_upstream", ("this version raises its own PersistentAsyncWorkerError for "
-                                  "a dead worker (Megatron-LM PR #6971)")
+        return "fixed_upstream", (
+            "this version raises its own PersistentAsyncWorkerError for "
+            "a dead worker (Megatron-LM PR #6971)"
+        )
     if caller_shape(caller).queues is None:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
     if not hasattr(module, "_ActiveAsyncRequest"):
-        return ("unsupported",
-                "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize")
+        return (
+            "unsupported",
+            "no _ActiveAsyncRequest: a failed save cannot be kept for its finalize",
+        )
     problem = collective_problem(module)
     if problem is not None:
         return "unsupported", problem
-    return "active", ("a dead persistent worker is one error per rank, raised by the finalize of "
-                      "the failed save; stalls are logged")
+    return "active", (
+        "a dead persistent worker is one error per rank, raised by the finalize of "
+        "the failed save; stalls are logged"
+    )
 
 
 def _upstream_error(module):
@@ -193,10 +218,16 @@ def warm_up(module):
         return None
     queue = getattr(module, "AsyncCallsQueue", None)
     caller = getattr(module, "PersistentAsyncCaller", None)
-    if (queue is None or caller is None or not hasattr(queue, "warmup_persistent_caller")
-            or "_start_worker" not in vars(caller)):
-        return "not_applicable", ("this NVRx starts its worker only inside a save (no "
-                                  "AsyncCallsQueue.warmup_persistent_caller)")
+    if (
+        queue is None
+        or caller is None
+        or not hasattr(queue, "warmup_persistent_caller")
+        or "_start_worker" not in vars(caller)
+    ):
+        return "not_applicable", (
+            "this NVRx starts its worker only inside a save (no "
+            "AsyncCallsQueue.warmup_persistent_caller)"
+        )
     if caller_shape(caller).queues != NVRX_QUEUES:
         return "unsupported", "PersistentAsyncCaller keeps its worker's queues under unknown names"
     return "active", "prewarm() can start the worker ahead of its save"
@@ -210,12 +241,12 @@ def worker_loop(module):
         return watched  # the rest of the watch stands aside: so does this part
     caller = module.PersistentAsyncCaller
     if "async_process_target" not in vars(caller):
-        return "not_applicable", ("no PersistentAsyncCaller.async_process_target: the worker's "
-                                  "traceback stays on stderr")
+        return "not_applicable", (
+            "no PersistentAsyncCaller.async_process_target: the worker's traceback stays on stderr"
+        )
     starters = [vars(caller).get(name) for name in ("_start_worker", "schedule_async_call")]
     codes = [getattr(f, "__code__", None) for f in starters if f is not None]
-    if not codes or any(code is None or "async_process_target" in code.co_names
-                        for code in codes):
+    if not codes or any(code is None or "async_process_target" in code.co_names for code in codes):
         return "unsupported", "async_process_target may be the worker's Process target (pickled)"
     return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
 
@@ -228,10 +259,13 @@ def caller_queues(module):
         return watched  # the rest of the watch stands aside: so does this part
     shape = caller_shape(module.PersistentAsyncCaller)
     if shape.on_class or shape.queues != NVRX_QUEUES:
-        return "not_applicable", ("the worker's queues are made with the worker, in its first "
-                                  "save: a request they cannot send waits for ever")
-    return "active", ("a save whose request cannot be pickled raises at once; the next save "
-                      "is saved")
+        return "not_applicable", (
+            "the worker's queues are made with the worker, in its first "
+            "save: a request they cannot send waits for ever"
+        )
+    return "active", (
+        "a save whose request cannot be pickled raises at once; the next save is saved"
+    )
 
 
 def initializing(module):
@@ -284,8 +318,7 @@ def caller_shape(cls):
 
 def caller_of(queue):
     """The queue's persistent caller (NVRx: per queue; megatron-core: per process)."""
-    return getattr(queue, "persistent_caller", None) or getattr(queue, "_persistent_caller",
-                                                                 None)
+    return getattr(queue, "persistent_caller", None) or getattr(queue, "_persistent_caller", None)
 
 
 def worker_queues(caller):
@@ -310,7 +343,7 @@ def detach_worker(caller, process):
             setattr(cls, name, None)
     try:
         caller.process = None
-    except Exception:  # noqa: BLE001 NVRx's attribute not settable: the registry forgets it anyway
+    except (AttributeError, TypeError):  # not settable: the registry forgets it anyway
         pass
 
 
@@ -337,6 +370,22 @@ def save_processes(queue):
         results = getattr(sys.modules.get(name), "_results_queue", None)
         found.append(getattr(getattr(results, "_manager", None), "_process", None))
     return [process for process in found if process is not None]
+
+
+def check_queue(queue):
+    """``TypeError`` unless ``queue`` is None or NVRx's ``AsyncCallsQueue`` (before NVRx is
+    imported: an object with its methods): the argument of ``release()`` and ``prewarm()``."""
+    cls = getattr(sys.modules.get(CORE), "AsyncCallsQueue", None)
+    if queue is None or (
+        isinstance(queue, cls)
+        if cls is not None
+        else all(
+            callable(getattr(queue, name, None))
+            for name in ("schedule_async_request", "maybe_finalize_async_calls")
+        )
+    ):
+        return
+    raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not {type(queue).__name__}")
 
 
 def is_persistent(queue):
@@ -388,6 +437,7 @@ def worker_data_cache(core):
 
 # -- NVRx's warm-up slot --------------------------------------------------------------------------
 
+
 def warm_slot(core):
     """The caller in NVRx's warm-up slot (one per process), or None."""
     return vars(core.AsyncCallsQueue).get("_warmup_persistent_caller")
@@ -410,9 +460,14 @@ def warm_up_into_slot(core, queue, rank):
     import inspect
 
     params = inspect.signature(core.AsyncCallsQueue.warmup_persistent_caller).parameters
-    core.AsyncCallsQueue.warmup_persistent_caller(rank, **{
-        name: getattr(queue, name) for name in WARM_UP_SETTINGS
-        if name in params and hasattr(queue, name)})
+    core.AsyncCallsQueue.warmup_persistent_caller(
+        rank,
+        **{
+            name: getattr(queue, name)
+            for name in WARM_UP_SETTINGS
+            if name in params and hasattr(queue, name)
+        },
+    )
     return warm_slot(core)
 
 
@@ -462,7 +517,8 @@ def forget_writer_keys(writer):
 def caches_ipc(writer):
     """Does this writer cache what it sends over CUDA IPC (not CPU shared memory)?"""
     return bool(writer.use_cached_data_structure) and not getattr(
-        writer, "use_cpu_shm_for_gpu_tensors", False)
+        writer, "use_cpu_shm_for_gpu_tensors", False
+    )
 
 
 def byte_io(fs):
@@ -513,6 +569,7 @@ def copy_fresh(writer, copy):
 
 # -- the writer's results queue -------------------------------------------------------------------
 
+
 def own_results_queue(writer, made=None):
     """Give ``writer`` (``prepare_write_data`` just ran) a results queue of its own, made by
     the manager of the queue NVRx gave it (none where NVRx gave it none: nothing to write):
@@ -538,8 +595,10 @@ def own_results_queue(writer, made=None):
 def _manager_of(queue):
     manager = getattr(queue, "_manager", None)
     if manager is None:
-        raise RuntimeError(f"NVRx's results queue ({type(queue).__name__}) has no manager "
-                           f"in this process to make another")
+        raise RuntimeError(
+            f"NVRx's results queue ({type(queue).__name__}) has no manager "
+            f"in this process to make another"
+        )
     return manager
 
 
@@ -574,8 +633,14 @@ def failed_retrieval(fs, retrieve, exc):
     import inspect
 
     names = getattr(getattr(inspect.unwrap(retrieve), "__code__", None), "co_names", ())
-    wrap = next((getattr(fs, name) for name in ("_wrap_exception_for_gather", "_wrap_exception")
-                 if name in names and callable(getattr(fs, name, None))), None)
+    wrap = next(
+        (
+            getattr(fs, name)
+            for name in ("_wrap_exception_for_gather", "_wrap_exception")
+            if name in names and callable(getattr(fs, name, None))
+        ),
+        None,
+    )
     if wrap is None:
         raise exc
     try:
@@ -585,6 +650,7 @@ def failed_retrieval(fs, retrieve, exc):
 
 
 # -- the results-queue manager; a child of os.fork(): what it lets go of ----------------------
+
 
 def detach_class_worker(module):
     """megatron-core's worker of this process, on its classes: the classes let go of it;
@@ -645,20 +711,26 @@ def collective_problem(module):
     import inspect
 
     caller = module.PersistentAsyncCaller
-    check, sync = (getattr(caller, name, None)
-                   for name in ("is_current_async_call_done", "sync_all_async_calls"))
+    check, sync = (
+        getattr(caller, name, None)
+        for name in ("is_current_async_call_done", "sync_all_async_calls")
+    )
     if check is None or sync is None:
         return None  # the target of that name is "not found" (lifecycle)
     check = inspect.unwrap(check)
     names = getattr(getattr(check, "__code__", None), "co_names", ())
     missing = [name for name in CHECK_NAMES if name not in names]
     if missing:
-        return (f"PersistentAsyncCaller.is_current_async_call_done does not use "
-                f"{', '.join(missing)} as the watch expects")
+        return (
+            f"PersistentAsyncCaller.is_current_async_call_done does not use "
+            f"{', '.join(missing)} as the watch expects"
+        )
     found = _body(inspect.unwrap(sync))
     if found is None or found != _body(COLLECTIVE):
-        return ("its finalize collective, AsyncCaller.sync_all_async_calls, is not the one-int "
-                "sum over ranks that carries the failure flag (its code changed)")
+        return (
+            "its finalize collective, AsyncCaller.sync_all_async_calls, is not the one-int "
+            "sum over ranks that carries the failure flag (its code changed)"
+        )
     return None
 
 
@@ -677,8 +749,11 @@ def _body(function):
     if not isinstance(node, ast.FunctionDef):
         return None
     body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None),
-                                                             ast.Constant):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
+    ):
         body = body[1:]
     return [arg.arg for arg in node.args.args], [ast.dump(statement) for statement in body]
 

@@ -19,12 +19,26 @@ def build(active, source, requested, verdicts, patched, calls):
     source, every source that asked, each decided target's ``(state, reason, held)``, the
     targets whose step is in (``patched``) and the calls that have a wrapper of ours,
     switched on or off (``calls``)."""
-    rows = [(t, *_target_state(t, active, source, verdicts, patched, calls),  # (target,
-             verdicts[t][2] if t in verdicts else ()) for t in TARGETS]  # state, reason, held)
+    rows = [
+        (
+            t,
+            *_target_state(t, active, source, verdicts, patched, calls),  # (target,
+            verdicts[t][2] if t in verdicts else (),
+        )
+        for t in TARGETS
+    ]  # state, reason, held)
     targets = tuple(TargetStatus(t.fix, t.name, state, reason) for t, state, reason, _ in rows)
-    in_place = tuple(CallStatus(name, call.region, tuple(
-        fix for fix in call.order if any(t.fix == fix and t.name == name for t in patched)))
-        for name, call in CALLS.items() if name in calls)
+    in_place = tuple(
+        CallStatus(
+            name,
+            call.region,
+            tuple(
+                fix for fix in call.order if any(t.fix == fix and t.name == name for t in patched)
+            ),
+        )
+        for name, call in CALLS.items()
+        if name in calls
+    )
     fixes = []
     for fix, summary in FIXES.items():
         mine = [r for r in rows if r[0].fix == fix]
@@ -42,8 +56,7 @@ def build(active, source, requested, verdicts, patched, calls):
         requested_by=tuple(requested),
         pid=os.getpid(),
         nvrx_version=_detect.distribution_version(_detect.NVRX_DIST),
-        wrapt_version=getattr(wrapt, "__version__", None)
-        or _detect.distribution_version("wrapt"),
+        wrapt_version=getattr(wrapt, "__version__", None) or _detect.distribution_version("wrapt"),
         features=_detect.features(),
         fixes=tuple(fixes),
         targets=targets,

@@ -35,8 +35,9 @@ def on_deactivate(stop, first=False):
 
 def on_status(field):
     """Register the decorated function as what ``status()`` reports as ``field``."""
+
     def register(describe):
         reports[field] = describe
         return describe
-    return register
 
+    return register

@@ -12,11 +12,14 @@ STANDBY_NOT_STARTED = "not started: no restart release yet"
 GUARDIAN_NOT_STARTED = "not started: no process to guard yet"
 #: The automatic release's strategy before the CUDA driver is probed (``worker.suspend``'s
 #: ``automatic_release``), and ``Status.suspend`` before that module is imported.
-SUSPEND_NOT_PROBED = ("suspend where the CUDA driver's process checkpoint API works, else "
-                      "restart (the driver is probed at the first suspend)")
+SUSPEND_NOT_PROBED = (
+    "suspend where the CUDA driver's process checkpoint API works, else "
+    "restart (the driver is probed at the first suspend)"
+)
 #: ``Status.peers`` before the check (``worker.peers``).
-PEERS_NOT_CHECKED = ("not checked yet: at the first finalize that makes NVRx's all-reduce in "
-                     "a job of several ranks")
+PEERS_NOT_CHECKED = (
+    "not checked yet: at the first finalize that makes NVRx's all-reduce in a job of several ranks"
+)
 
 
 class State(str, enum.Enum):
@@ -37,10 +40,19 @@ class State(str, enum.Enum):
 #: Which state a fix shows when its targets differ (first match wins). A lost target
 #: (``error``, ``unsupported``) comes before ``active``: a fix that is not all patched where
 #: it applies is never shown as active.
-PRECEDENCE = (State.ERROR, State.UNSUPPORTED, State.ACTIVE, State.PENDING,
-              State.FIXED_UPSTREAM, State.NOT_APPLICABLE, State.DISABLED)
+PRECEDENCE = (
+    State.ERROR,
+    State.UNSUPPORTED,
+    State.ACTIVE,
+    State.PENDING,
+    State.FIXED_UPSTREAM,
+    State.NOT_APPLICABLE,
+    State.DISABLED,
+)
 #: The states of a target that does not apply although it should: each is warned about.
 LOST = (State.ERROR, State.UNSUPPORTED)
+
+
 @dataclasses.dataclass(frozen=True)
 class TargetStatus:
     fix: str
@@ -116,16 +128,19 @@ class Status:
     def to_dict(self) -> dict:
         """A JSON-ready dict (states as strings)."""
         return dataclasses.asdict(
-            self, dict_factory=lambda pairs: {k: str(v) if isinstance(v, State) else v
-                                              for k, v in pairs})
+            self,
+            dict_factory=lambda pairs: {k: str(v) if isinstance(v, State) else v for k, v in pairs},
+        )
 
     def __str__(self) -> str:
         return self.table()
 
     def __repr__(self) -> str:
         fixes = ", ".join(f"{f.name}={f.state.value}" for f in self.fixes)
-        return (f"<Status nvrx-ipc-fix {self.version}: {self._how()}, pid {self.pid}; NVRx "
-                f"{self.nvrx_version or 'not installed'}; {fixes}>")
+        return (
+            f"<Status nvrx-ipc-fix {self.version}: {self._how()}, pid {self.pid}; NVRx "
+            f"{self.nvrx_version or 'not installed'}; {fixes}>"
+        )
 
     def _how(self) -> str:
         if self.activated:
@@ -133,16 +148,21 @@ class Status:
             also = [s for s in self.requested_by if s != self.source]
             return how + (f" (also requested by {', '.join(also)})" if also else "")
         how = "not active"
-        return how + (f" (requested by {', '.join(self.requested_by)})" if self.requested_by
-                      else "")
+        return how + (
+            f" (requested by {', '.join(self.requested_by)})" if self.requested_by else ""
+        )
 
     def table(self) -> str:
         """A short human-readable report (what ``print()`` shows), in lines of at most
         ``WIDTH`` characters but where one name is longer: the targets and calls under their
         module, a target's reason only where it is not its fix's."""
         nvrx = self.nvrx_version or "not installed"
-        lines = [f"nvrx-ipc-fix {self.version}: {self._how()}, pid {self.pid}",
-                 f"NVRx {nvrx}, wrapt {self.wrapt_version or 'not installed'}", "", "fixes:"]
+        lines = [
+            f"nvrx-ipc-fix {self.version}: {self._how()}, pid {self.pid}",
+            f"NVRx {nvrx}, wrapt {self.wrapt_version or 'not installed'}",
+            "",
+            "fixes:",
+        ]
         width = max(len(f.name) for f in self.fixes)
         for f in self.fixes:
             lines += _wrapped(f"  {f.name:<{width}}  {f.state.value:<14}  ", f.reason)
@@ -162,19 +182,28 @@ class Status:
                 width = max(len(attr) for _, attr in calls)
                 for c, attr in calls:
                     region = f" [{c.region}]" if c.region else ""
-                    lines += _wrapped(f"    {attr:<{width}}  ",
-                                      f"{' > '.join(c.steps) or '(switched off)'}{region}")
+                    lines += _wrapped(
+                        f"    {attr:<{width}}  ",
+                        f"{' > '.join(c.steps) or '(switched off)'}{region}",
+                    )
         lines += ["", "NVRx features:"]
         lines += [f"  {name}: {value}" for name, value in self.features.items()]
         lines += [""]
-        lines += _wrapped("", f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
-                              f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: "
-                              f"{self.releases}; prewarms: {self.prewarms} "
-                              f"({self.prewarm_failures} failed; "
-                              f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned "
-                              "ahead by the last)")
-        for name, value in (("standby", self.standby), ("automatic release", self.suspend),
-                            ("peers", self.peers), ("guardian", self.guardian)):
+        lines += _wrapped(
+            "",
+            f"cleanups: {self.cleanups} ({self.keys_cleared} cache keys, "
+            f"{self.freed_bytes / (1 << 30):.2f} GiB freed); releases: "
+            f"{self.releases}; prewarms: {self.prewarms} "
+            f"({self.prewarm_failures} failed; "
+            f"{self.pinned_bytes / (1 << 30):.2f} GiB of host memory pinned "
+            "ahead by the last)",
+        )
+        for name, value in (
+            ("standby", self.standby),
+            ("automatic release", self.suspend),
+            ("peers", self.peers),
+            ("guardian", self.guardian),
+        ):
             lines += _wrapped("", f"{name}: {value}")
         return "\n".join(lines)
 
@@ -188,9 +217,14 @@ def _wrapped(head, text):
     ``text`` starts (4 spaces where ``head`` is empty)."""
     import textwrap
 
-    return textwrap.wrap(text, WIDTH, initial_indent=head,
-                         subsequent_indent=" " * (len(head) or 4), break_long_words=False,
-                         break_on_hyphens=False) or [head.rstrip()]
+    return textwrap.wrap(
+        text,
+        WIDTH,
+        initial_indent=head,
+        subsequent_indent=" " * (len(head) or 4),
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [head.rstrip()]
 
 
 def _by_module(items, name):

@@ -16,13 +16,23 @@ else it returns ``None``. ``status()`` then says ``not_applicable`` where the di
 that ships the module is not installed (``detect.distribution_of``), else ``pending``.
 """
 
-from .detect import (BRIDGE, CORE, FS, MCORE_ASYNC, MCORE_FS, MEGATRON, NEMO_POLICY,
-                     NEMO_VALUE, SLIME_ACTOR)
+from .detect import (
+    BRIDGE,
+    CORE,
+    FS,
+    MCORE_ASYNC,
+    MCORE_FS,
+    MEGATRON,
+    NEMO_POLICY,
+    NEMO_VALUE,
+    SLIME_ACTOR,
+)
 
 
 def _probe(name):
     """``shapes.<name>``, imported when a module is decided or ``status()`` asks: ``shapes``
     stays off the activation path (importing it costs more than this table)."""
+
     def applies(module):
         from . import shapes
 
@@ -32,10 +42,32 @@ def _probe(name):
     return applies
 
 
-(caller_queues, cpu_snapshots, nvrx_worker_cache, persistent_worker, shared_results, warm_up,
- worker_cache, worker_loop, writer_cache, writer_keys) = map(_probe, (
-    "caller_queues", "cpu_snapshots", "nvrx_worker_cache", "persistent_worker", "shared_results",
-    "warm_up", "worker_cache", "worker_loop", "writer_cache", "writer_keys"))
+(
+    caller_queues,
+    cpu_snapshots,
+    nvrx_worker_cache,
+    persistent_worker,
+    shared_results,
+    warm_up,
+    worker_cache,
+    worker_loop,
+    writer_cache,
+    writer_keys,
+) = map(
+    _probe,
+    (
+        "caller_queues",
+        "cpu_snapshots",
+        "nvrx_worker_cache",
+        "persistent_worker",
+        "shared_results",
+        "warm_up",
+        "worker_cache",
+        "worker_loop",
+        "writer_cache",
+        "writer_keys",
+    ),
+)
 
 
 def framework_queue(module):
@@ -69,8 +101,7 @@ class Target:
 
     __slots__ = ("fix", "module", "attr", "step", "params", "applies", "aliases", "optional")
 
-    def __init__(self, fix, module, attr, step, params, applies, aliases=False,
-                 optional=False):
+    def __init__(self, fix, module, attr, step, params, applies, aliases=False, optional=False):
         self.fix = fix
         self.module = module
         self.attr = attr  # dotted path inside the module
@@ -136,8 +167,11 @@ _TERMINATE = ("worker_watch", "release_on_offload", "clear_on_close")
 _OFFLOAD_POINTS = (
     (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_before_refit", "offload_wrapper"),
     (NEMO_POLICY, "MegatronPolicyWorkerImpl.offload_after_refit", "offload_wrapper"),
-    (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_lp_inference",  # NeMo RL #4183
-     "reload_wrapper"),
+    (
+        NEMO_POLICY,
+        "MegatronPolicyWorkerImpl.prepare_for_lp_inference",  # NeMo RL #4183
+        "reload_wrapper",
+    ),
     (NEMO_POLICY, "MegatronPolicyWorkerImpl.prepare_for_training", "onload_wrapper"),
     (NEMO_VALUE, "MegatronValueWorkerImpl.prepare_for_inference", "reload_wrapper"),
     (NEMO_VALUE, "MegatronValueWorkerImpl.finish_inference", "offload_wrapper"),
@@ -150,110 +184,263 @@ _OFFLOAD_POINTS = (
 )
 
 #: Every intercepted call, with its region and the order of the fixes' steps, outermost first.
-CALLS = {call.name: call for call in (
-    Call(CORE, "AsyncCallsQueue.__init__", ("prewarm",)),
-    # the request queue says when it could not send a request (worker_watch)
-    Call(CORE, "PersistentAsyncCaller.__init__", ("worker_watch",)),
-    # the worker runs again (suspend) and a prewarmed one is ready (prewarm) before the save
-    # is handed over, watched (worker_watch), all under the queue's lock
-    Call(CORE, "AsyncCallsQueue.schedule_async_request", ("suspend", "prewarm", "worker_watch"),
-         SCHEDULE),
-    Call(CORE, "AsyncCallsQueue.maybe_finalize_async_calls", ("worker_watch",), QUEUE),
-    Call(CORE, "PersistentAsyncCaller.is_current_async_call_done", ("worker_watch",)),
-    Call(CORE, "AsyncCaller.sync_all_async_calls", ("worker_watch",)),
-    # resumed before it is told to stop; the trainer's caches cleared once NVRx's close and
-    # the watch's are done
-    Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
-    Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), CLOSE),
-    Call(CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)),  # in the worker
-    # the planned key stays valid until the schedule (clear_on_close), around the re-send of
-    # moved storage (stale_guard); the save's own results queue replaces NVRx's shared one as
-    # soon as NVRx's method has set it (own_results); the CPU tensors NVRx sends as the
-    # planner gave them are copied as soon as it returns (cpu_snapshot)
-    Call(FS, "FileSystemWriterAsync.prepare_write_data",
-         ("clear_on_close", "stale_guard", "own_results", "cpu_snapshot")),
-    # a save on NVRx's shared queue that overlapped another fails here (own_results)
-    Call(FS, "FileSystemWriterAsync.retrieve_write_results", ("own_results",)),
-    *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
-    Call(MCORE_FS, "FileSystemWriterAsync.prepare_write_data", ("cpu_snapshot",)),
-    # a terminate that meets a failed save still closes (worker_watch), after the release
-    # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
-    Call(MEGATRON, "maybe_finalize_async_save", _TERMINATE),
-    Call(BRIDGE, "maybe_finalize_async_save", _TERMINATE),
-    *(Call(module, attr, ("release_on_offload",)) for module, attr, _ in _OFFLOAD_POINTS),
-)}
+CALLS = {
+    call.name: call
+    for call in (
+        Call(CORE, "AsyncCallsQueue.__init__", ("prewarm",)),
+        # the request queue says when it could not send a request (worker_watch)
+        Call(CORE, "PersistentAsyncCaller.__init__", ("worker_watch",)),
+        # the worker runs again (suspend) and a prewarmed one is ready (prewarm) before the save
+        # is handed over, watched (worker_watch), all under the queue's lock
+        Call(
+            CORE,
+            "AsyncCallsQueue.schedule_async_request",
+            ("suspend", "prewarm", "worker_watch"),
+            SCHEDULE,
+        ),
+        Call(CORE, "AsyncCallsQueue.maybe_finalize_async_calls", ("worker_watch",), QUEUE),
+        Call(CORE, "PersistentAsyncCaller.is_current_async_call_done", ("worker_watch",)),
+        Call(CORE, "AsyncCaller.sync_all_async_calls", ("worker_watch",)),
+        # resumed before it is told to stop; the trainer's caches cleared once NVRx's close and
+        # the watch's are done
+        Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
+        Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), CLOSE),
+        Call(
+            CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)
+        ),  # in the worker
+        # the planned key stays valid until the schedule (clear_on_close), around the re-send of
+        # moved storage (stale_guard); the save's own results queue replaces NVRx's shared one as
+        # soon as NVRx's method has set it (own_results); the CPU tensors NVRx sends as the
+        # planner gave them are copied as soon as it returns (cpu_snapshot)
+        Call(
+            FS,
+            "FileSystemWriterAsync.prepare_write_data",
+            ("clear_on_close", "stale_guard", "own_results", "cpu_snapshot"),
+        ),
+        # a save on NVRx's shared queue that overlapped another fails here (own_results)
+        Call(FS, "FileSystemWriterAsync.retrieve_write_results", ("own_results",)),
+        *_watch_calls(MCORE_ASYNC, "mcore_worker_watch"),
+        Call(MCORE_FS, "FileSystemWriterAsync.prepare_write_data", ("cpu_snapshot",)),
+        # a terminate that meets a failed save still closes (worker_watch), after the release
+        # that NVRX_IPC_FIX_RELEASE=finalize asks for, around the clearing after the close
+        Call(MEGATRON, "maybe_finalize_async_save", _TERMINATE),
+        Call(BRIDGE, "maybe_finalize_async_save", _TERMINATE),
+        *(Call(module, attr, ("release_on_offload",)) for module, attr, _ in _OFFLOAD_POINTS),
+    )
+}
 
 
 def _watch(fix, module, applies):
     """The worker-watch steps of one implementation (NVRx core or megatron-core's copy)."""
     step = "fixes.worker_watch:{}".format
     return (
-        Target(fix, module, "AsyncCallsQueue.schedule_async_request", step("schedule_wrapper"),
-               ("self", "async_request"), applies),
-        Target(fix, module, "AsyncCallsQueue.maybe_finalize_async_calls",
-               step("finalize_wrapper"), ("self", "blocking", "no_dist"), applies),
-        Target(fix, module, "PersistentAsyncCaller.is_current_async_call_done",
-               step("done_wrapper"), ("self", "blocking", "no_dist"), applies),
-        Target(fix, module, "AsyncCaller.sync_all_async_calls", step("sync_wrapper"),
-               ("self", "is_alive"), applies),
-        Target(fix, module, "PersistentAsyncCaller.close", step("close_wrapper"), ("self",),
-               applies),
-        Target(fix, module, "AsyncCallsQueue.close", step("queue_close_wrapper"), ("self",),
-               applies),  # NVRx 0.4.1's takes no abort
+        Target(
+            fix,
+            module,
+            "AsyncCallsQueue.schedule_async_request",
+            step("schedule_wrapper"),
+            ("self", "async_request"),
+            applies,
+        ),
+        Target(
+            fix,
+            module,
+            "AsyncCallsQueue.maybe_finalize_async_calls",
+            step("finalize_wrapper"),
+            ("self", "blocking", "no_dist"),
+            applies,
+        ),
+        Target(
+            fix,
+            module,
+            "PersistentAsyncCaller.is_current_async_call_done",
+            step("done_wrapper"),
+            ("self", "blocking", "no_dist"),
+            applies,
+        ),
+        Target(
+            fix,
+            module,
+            "AsyncCaller.sync_all_async_calls",
+            step("sync_wrapper"),
+            ("self", "is_alive"),
+            applies,
+        ),
+        Target(
+            fix, module, "PersistentAsyncCaller.close", step("close_wrapper"), ("self",), applies
+        ),
+        Target(
+            fix, module, "AsyncCallsQueue.close", step("queue_close_wrapper"), ("self",), applies
+        ),  # NVRx 0.4.1's takes no abort
     )
 
 
-_MEGATRON_PARAMS = ((MEGATRON, ("blocking", "terminate")),
-                    (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")))
+_MEGATRON_PARAMS = (
+    (MEGATRON, ("blocking", "terminate")),
+    (BRIDGE, ("global_state", "ckpt_cfg", "blocking", "terminate")),
+)
 
 #: Each fix's step in each call (``CALLS`` orders them).
-TARGETS = _watch("worker_watch", CORE, persistent_worker) + (
-    # Optional: it only forwards the traceback of an exception outside the request's functions.
-    Target("worker_watch", CORE, "PersistentAsyncCaller.async_process_target",
-           "fixes.worker_watch:worker_loop_wrapper", ("rank", "queue", "preload_q", "comp_q"),
-           worker_loop, optional=True),
-    # Optional: without it, only a request that cannot be pickled waits for ever, as in NVRx.
-    Target("worker_watch", CORE, "PersistentAsyncCaller.__init__",
-           "fixes.worker_watch:caller_init_wrapper", ("self",), caller_queues, optional=True),
-) + _watch("mcore_worker_watch", MCORE_ASYNC, persistent_worker) + (
-    Target("clear_on_close", CORE, "PersistentAsyncCaller.close",
-           "fixes.clear_on_close:close_wrapper", ("self", "abort"), worker_cache),
-    Target("clear_on_close", FS, "FileSystemWriterAsync.prepare_write_data",
-           "fixes.clear_on_close:planning_wrapper", ("self", "plan", "planner"),
-           writer_keys),
-    *(Target("clear_on_close", module, "maybe_finalize_async_save",
-             "fixes.clear_on_close:finalize_wrapper", params, nvrx_worker_cache, aliases=True)
-      for module, params in _MEGATRON_PARAMS),
-    Target("stale_guard", FS, "FileSystemWriterAsync.prepare_write_data",
-           "fixes.stale_guard:prepare_write_data_wrapper", ("self", "plan", "planner"),
-           writer_cache),
-    Target("own_results", FS, "FileSystemWriterAsync.prepare_write_data",
-           "fixes.own_results:prepare_write_data_wrapper", ("self", "plan", "planner"),
-           shared_results),
-    Target("own_results", FS, "FileSystemWriterAsync.retrieve_write_results",
-           "fixes.own_results:retrieve_write_results_wrapper", ("self",), shared_results),
-    # NVRx's writer and megatron-core's copy of it (async_strategy="mcore")
-    *(Target("cpu_snapshot", module, "FileSystemWriterAsync.prepare_write_data",
-             "fixes.cpu_snapshot:prepare_write_data_wrapper", ("self", "plan", "planner"),
-             cpu_snapshots) for module in (FS, MCORE_FS)),
-    Target("prewarm", CORE, "AsyncCallsQueue.schedule_async_request",
-           "fixes.prewarm:schedule_wrapper", ("self", "async_request"), warm_up),
-    Target("prewarm", CORE, "AsyncCallsQueue.__init__", "fixes.prewarm:init_wrapper",
-           ("self", "persistent"), warm_up),
-    Target("suspend", CORE, "AsyncCallsQueue.schedule_async_request",
-           "fixes.suspend:schedule_wrapper", ("self", "async_request"), worker_cache),
-    Target("suspend", CORE, "PersistentAsyncCaller.close", "fixes.suspend:close_wrapper",
-           ("self",), worker_cache),
-    # each point works alone: a framework release without one of them keeps the others
-    *(Target("release_on_offload", module, attr, f"fixes.release_on_offload:{step}",
-             ("self",), release_policy, optional=True)
-      for module, attr, step in _OFFLOAD_POINTS),
-    # NVRX_IPC_FIX_RELEASE=finalize
-    *(Target("release_on_offload", module, "maybe_finalize_async_save",
-             "fixes.release_on_offload:finalize_wrapper", params, release_policy, aliases=True)
-      for module, params in _MEGATRON_PARAMS),
-    # a terminate that meets a failed save still closes
-    *(Target("worker_watch", module, "maybe_finalize_async_save",
-             "fixes.worker_watch:terminate_wrapper", params, framework_queue, aliases=True)
-      for module, params in _MEGATRON_PARAMS),
+TARGETS = (
+    _watch("worker_watch", CORE, persistent_worker)
+    + (
+        # Optional: it only forwards the traceback of an exception outside the request's functions.
+        Target(
+            "worker_watch",
+            CORE,
+            "PersistentAsyncCaller.async_process_target",
+            "fixes.worker_watch:worker_loop_wrapper",
+            ("rank", "queue", "preload_q", "comp_q"),
+            worker_loop,
+            optional=True,
+        ),
+        # Optional: without it, only a request that cannot be pickled waits for ever, as in NVRx.
+        Target(
+            "worker_watch",
+            CORE,
+            "PersistentAsyncCaller.__init__",
+            "fixes.worker_watch:caller_init_wrapper",
+            ("self",),
+            caller_queues,
+            optional=True,
+        ),
+    )
+    + _watch("mcore_worker_watch", MCORE_ASYNC, persistent_worker)
+    + (
+        Target(
+            "clear_on_close",
+            CORE,
+            "PersistentAsyncCaller.close",
+            "fixes.clear_on_close:close_wrapper",
+            ("self", "abort"),
+            worker_cache,
+        ),
+        Target(
+            "clear_on_close",
+            FS,
+            "FileSystemWriterAsync.prepare_write_data",
+            "fixes.clear_on_close:planning_wrapper",
+            ("self", "plan", "planner"),
+            writer_keys,
+        ),
+        *(
+            Target(
+                "clear_on_close",
+                module,
+                "maybe_finalize_async_save",
+                "fixes.clear_on_close:finalize_wrapper",
+                params,
+                nvrx_worker_cache,
+                aliases=True,
+            )
+            for module, params in _MEGATRON_PARAMS
+        ),
+        Target(
+            "stale_guard",
+            FS,
+            "FileSystemWriterAsync.prepare_write_data",
+            "fixes.stale_guard:prepare_write_data_wrapper",
+            ("self", "plan", "planner"),
+            writer_cache,
+        ),
+        Target(
+            "own_results",
+            FS,
+            "FileSystemWriterAsync.prepare_write_data",
+            "fixes.own_results:prepare_write_data_wrapper",
+            ("self", "plan", "planner"),
+            shared_results,
+        ),
+        Target(
+            "own_results",
+            FS,
+            "FileSystemWriterAsync.retrieve_write_results",
+            "fixes.own_results:retrieve_write_results_wrapper",
+            ("self",),
+            shared_results,
+        ),
+        # NVRx's writer and megatron-core's copy of it (async_strategy="mcore")
+        *(
+            Target(
+                "cpu_snapshot",
+                module,
+                "FileSystemWriterAsync.prepare_write_data",
+                "fixes.cpu_snapshot:prepare_write_data_wrapper",
+                ("self", "plan", "planner"),
+                cpu_snapshots,
+            )
+            for module in (FS, MCORE_FS)
+        ),
+        Target(
+            "prewarm",
+            CORE,
+            "AsyncCallsQueue.schedule_async_request",
+            "fixes.prewarm:schedule_wrapper",
+            ("self", "async_request"),
+            warm_up,
+        ),
+        Target(
+            "prewarm",
+            CORE,
+            "AsyncCallsQueue.__init__",
+            "fixes.prewarm:init_wrapper",
+            ("self", "persistent"),
+            warm_up,
+        ),
+        Target(
+            "suspend",
+            CORE,
+            "AsyncCallsQueue.schedule_async_request",
+            "fixes.suspend:schedule_wrapper",
+            ("self", "async_request"),
+            worker_cache,
+        ),
+        Target(
+            "suspend",
+            CORE,
+            "PersistentAsyncCaller.close",
+            "fixes.suspend:close_wrapper",
+            ("self",),
+            worker_cache,
+        ),
+        # each point works alone: a framework release without one of them keeps the others
+        *(
+            Target(
+                "release_on_offload",
+                module,
+                attr,
+                f"fixes.release_on_offload:{step}",
+                ("self",),
+                release_policy,
+                optional=True,
+            )
+            for module, attr, step in _OFFLOAD_POINTS
+        ),
+        # NVRX_IPC_FIX_RELEASE=finalize
+        *(
+            Target(
+                "release_on_offload",
+                module,
+                "maybe_finalize_async_save",
+                "fixes.release_on_offload:finalize_wrapper",
+                params,
+                release_policy,
+                aliases=True,
+            )
+            for module, params in _MEGATRON_PARAMS
+        ),
+        # a terminate that meets a failed save still closes
+        *(
+            Target(
+                "worker_watch",
+                module,
+                "maybe_finalize_async_save",
+                "fixes.worker_watch:terminate_wrapper",
+                params,
+                framework_queue,
+                aliases=True,
+            )
+            for module, params in _MEGATRON_PARAMS
+        ),
+    )
 )

@@ -17,25 +17,22 @@ from ..core import dispatch as _dispatch
 from ..core.arguments import flags
 from ..core.cleanup import cached_key_count, clear_trainer_caches, device_free_bytes
 from ..core.detect import CORE
-from ..core.log import hook_failed
+from ..core.log import guard
 
 CLOSE_TARGET = f"{CORE}:PersistentAsyncCaller.close"
 
 
 def close_wrapper(wrapped, instance, args, kwargs):
     """Around ``PersistentAsyncCaller.close``: the root every close path goes through."""
-    try:
+    with guard(CLOSE_TARGET, fix="clear_on_close") as it:
         had_worker = getattr(instance, "process", None) is not None
         free_before = device_free_bytes() if had_worker else None
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(CLOSE_TARGET, exc, fix="clear_on_close")
+    if it.failed:
         return wrapped(*args, **kwargs)
     result = wrapped(*args, **kwargs)
     if had_worker and not sys.is_finalizing():
-        try:
+        with guard(CLOSE_TARGET, fix="clear_on_close"):  # the close itself is done
             clear_trainer_caches("the NVRx checkpoint worker was closed", free_before)
-        except Exception as exc:  # noqa: BLE001 the package's defect: the close itself is done
-            hook_failed(CLOSE_TARGET, exc, fix="clear_on_close")
     return result
 
 
@@ -51,10 +48,8 @@ def finalize_wrapper(wrapped, instance, args, kwargs):
     ``terminate=True`` the queue is closed but kept; clear what is still cached (normally the
     root wrapper already did, and this finds nothing to do)."""
     result = wrapped(*args, **kwargs)
-    try:
-        terminate, = flags(wrapped, args, kwargs, "terminate")
+    with guard(f"{wrapped.__module__}:{wrapped.__qualname__}"):  # NVRx's result stands
+        (terminate,) = flags(wrapped, args, kwargs, "terminate")
         if terminate and cached_key_count():
             clear_trainer_caches("maybe_finalize_async_save(terminate=True)")
-    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's result stands
-        hook_failed(f"{wrapped.__module__}:{wrapped.__qualname__}", exc)
     return result

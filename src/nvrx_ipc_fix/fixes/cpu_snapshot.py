@@ -18,7 +18,7 @@ are left as they are. NVRx 0.7.0 clones every CPU tensor in that method itself (
 from __future__ import annotations
 
 from ..core import shapes as _shapes
-from ..core.log import hook_failed
+from ..core.log import guard
 from ..core.resolved import recording
 
 
@@ -37,13 +37,12 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         if isinstance(data, torch.Tensor):
             try:
                 given[id(item)] = data.untyped_storage()
-            except Exception:  # noqa: BLE001 a tensor without storage (sparse): not seen, copied
+            except RuntimeError:  # a tensor without storage (sparse): not seen, copied
                 pass
 
-    try:
+    with guard(target, fix="cpu_snapshot") as it:
         restore = recording(_planner(*args, **kwargs), seen)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(target, exc, fix="cpu_snapshot")
+    if it.failed:
         return wrapped(*args, **kwargs)
     try:
         result = wrapped(*args, **kwargs)
@@ -55,15 +54,16 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
         """A copy of ``tensor`` where it is a non-empty CPU tensor still in the storage the
         planner gave (or in a storage not seen)."""
         storage = given.get(id(item))
-        if not on_cpu(tensor) or not tensor.numel() or (
-                storage is not None and storage.data_ptr() != tensor.untyped_storage().data_ptr()):
+        if (
+            not on_cpu(tensor)
+            or not tensor.numel()
+            or (storage is not None and storage.data_ptr() != tensor.untyped_storage().data_ptr())
+        ):
             return tensor  # on a device, empty, or NVRx's own copy
         return tensor.clone()
 
-    try:
+    with guard(target, fix="cpu_snapshot"):
         _shapes.copy_fresh(instance, copy)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(target, exc, fix="cpu_snapshot")
     return result
 
 

@@ -35,7 +35,7 @@ import weakref
 
 from ..core import fork as _fork, shapes as _shapes
 from ..core.detect import FS
-from ..core.log import hook_failed, logger
+from ..core.log import guard, logger
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ FIX = "own_results"
 PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 RETRIEVE_TARGET = f"{FS}:FileSystemWriterAsync.retrieve_write_results"
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 #: writers on NVRx's shared queue whose results are not taken yet
 _shared: weakref.WeakSet[Any] = weakref.WeakSet()
 #: of those, the ones whose time in flight overlapped another's
@@ -58,16 +58,18 @@ _given: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     """Around ``FileSystemWriterAsync.prepare_write_data(plan, planner)``."""
     result = wrapped(*args, **kwargs)
-    try:
+    with guard(PREPARE_TARGET, fix=FIX) as it:
         made = _shapes.own_results_queue(instance, _ahead.take)
         if made is not None:
             _given[instance] = made[0]
             if made[1] is not None:
-                logger.warning("nvrx_ipc_fix: NVRx's results-queue manager (pid %s) had died "
-                               "(exit code %s); a new one takes its place", made[1].pid,
-                               made[1].exitcode)
-    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's shared queue stays
-        hook_failed(PREPARE_TARGET, exc, fix=FIX)
+                logger.warning(
+                    "nvrx_ipc_fix: NVRx's results-queue manager (pid %s) had died "
+                    "(exit code %s); a new one takes its place",
+                    made[1].pid,
+                    made[1].exitcode,
+                )
+    if it.failed:  # NVRx's shared queue stays
         _share(instance)
     return result
 
@@ -77,7 +79,7 @@ def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
     save on the shared queue that overlapped another, a failure. A queue of the save's own
     is let go (its results are taken)."""
     result = wrapped(*args, **kwargs)
-    try:
+    with guard(RETRIEVE_TARGET, fix=FIX) as it:
         with _lock:
             mixed = instance in _mixed
             _shared.discard(instance)
@@ -85,15 +87,19 @@ def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
         given = _given.pop(instance, None)
         if given is not None and given is _shapes.results_queue_of(instance):
             _ahead.let_go(given)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(RETRIEVE_TARGET, exc, fix=FIX)
+    if it.failed:
         mixed = _fell_back[0]  # unknown: only a save that had its own queue is sure
     if not mixed:
         return result
-    return _shapes.failed_retrieval(sys.modules[FS], wrapped, RuntimeError(
-        "nvrx_ipc_fix own_results: this save's write results cannot be told from another's: "
-        "both took NVRx's one results queue while in flight (the fix could not give them "
-        "queues of their own: see nvrx_ipc_fix.status()); not finalized"))
+    return _shapes.failed_retrieval(
+        sys.modules[FS],
+        wrapped,
+        RuntimeError(
+            "nvrx_ipc_fix own_results: this save's write results cannot be told from another's: "
+            "both took NVRx's one results queue while in flight (the fix could not give them "
+            "queues of their own: see nvrx_ipc_fix.status()); not finalized"
+        ),
+    )
 
 
 class _Ahead:
@@ -124,8 +130,9 @@ class _Ahead:
 
     def _wake(self):
         if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, daemon=True,
-                                           name="nvrx_ipc_fix results queues")
+            self.thread = threading.Thread(
+                target=self._serve, daemon=True, name="nvrx_ipc_fix results queues"
+            )
             self.thread.start()
         self.cond.notify()
 
@@ -140,8 +147,8 @@ class _Ahead:
                 made = manager and (manager, manager.Queue())  # first: a save may come
                 for queue in done:
                     _shapes.let_go(queue)
-            except Exception:  # noqa: BLE001 a manager gone: the next save makes its own queue
-                continue  # (and says why, where it cannot)
+            except Exception:  # noqa: BLE001 a manager gone (any error of its proxy): the next
+                continue  # save makes its own queue (and says why, where it cannot)
             with self.cond:
                 if made and self.wanted in (None, manager):  # else a new manager's is wanted
                     made, self.spare, self.wanted = self.spare, made, None
@@ -156,22 +163,18 @@ def _share(writer):
     """``writer`` keeps NVRx's shared queue: it and every other such save in flight are
     mixed."""
     _fell_back[0] = True
-    try:
+    with guard(PREPARE_TARGET, fix=FIX):
         if _shapes.results_queue_of(writer) is None:
             return  # nothing to write, no results
         with _lock:
             _shared.add(writer)
             if len(_shared) > 1:
                 _mixed.update(_shared)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(PREPARE_TARGET, exc, fix=FIX)
 
 
 def _forget():
     """No save of this process is in flight (a reset), or none is this process's (a child
     of ``os.fork()``: the parent's saves)."""
-    global _lock
-    _lock = threading.Lock()
     _shared.clear()
     _mixed.clear()
     _given.clear()

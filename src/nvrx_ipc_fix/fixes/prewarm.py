@@ -9,7 +9,7 @@ import time
 
 from ..core import cleanup as _cleanup, config as _config, shapes as _shapes
 from ..core.detect import CORE
-from ..core.log import hook_failed, logger
+from ..core.log import guard, hook_failed, logger
 from ..worker import prewarm as _prewarming
 
 SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
@@ -25,11 +25,14 @@ def init_wrapper(wrapped, queue, args, kwargs):
         if _shapes.is_persistent(queue) and _config.prewarm_at_start():
             core = sys.modules[CORE]
             why = _prewarming.unavailable(core)
-            report = (_prewarming.PrewarmReport((), (f"all: {why}",)) if why is not None else
-                      _prewarming.start_for([queue], core, time.perf_counter(), slot=True))
+            report = (
+                _prewarming.PrewarmReport((), (f"all: {why}",))
+                if why is not None
+                else _prewarming.start_for([queue], core, time.perf_counter(), slot=True)
+            )
             if not report.started:
                 logger.info("%s=start: %s", _config.PREWARM, report.summary())
-    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx starts its worker
+    except Exception as exc:  # noqa: BLE001 NVRx's too: its own start comes at the first save
         hook_failed(INIT_TARGET, exc, fix="prewarm")
 
 
@@ -39,15 +42,18 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
     if _finalizing():
         return wrapped(*args, **kwargs)
     with _prewarming.scheduling(queue):
+        interrupted = True
         try:
-            if _config.pin_ahead():
-                _prewarming.record_sizes(queue, args[0] if args else kwargs.get("async_request"))
-            _prewarming.take_over(queue)
-        except Exception as exc:  # noqa: BLE001 the package's defect: NVRx starts its worker
-            hook_failed(SCHEDULE_TARGET, exc, fix="prewarm")
-        except BaseException:
+            with guard(SCHEDULE_TARGET, fix="prewarm"):  # on failure NVRx starts its worker
+                if _config.pin_ahead():
+                    _prewarming.record_sizes(
+                        queue, args[0] if args else kwargs.get("async_request")
+                    )
+                _prewarming.take_over(queue)
+            interrupted = False
+        finally:
             # Interrupted while it waited: this save's request, built for a worker that would
             # get it, never went, so the next save must send full tensors.
-            _cleanup.forget_keys()
-            raise
+            if interrupted:
+                _cleanup.forget_keys()
         return wrapped(*args, **kwargs)

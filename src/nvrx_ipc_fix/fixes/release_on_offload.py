@@ -28,7 +28,7 @@ from ..core import config as _config, shapes as _shapes
 from ..core.arguments import flags
 from ..core.detect import CORE
 from ..core.errors import deliver
-from ..core.log import hook_failed
+from ..core.log import guard
 
 #: NeMo RL methods that run ``finalize_async_save()`` first (PR #3322).
 _SELF_RELEASING = ("offload_before_refit", "offload_after_refit")
@@ -59,12 +59,10 @@ def finalize_wrapper(wrapped, instance, args, kwargs):
     ``release()``'s default strategy)."""
     result = wrapped(*args, **kwargs)
     failure = None
-    try:
+    with guard(f"{wrapped.__module__}:{wrapped.__qualname__}"):
         blocking, terminate = flags(wrapped, args, kwargs, "blocking", "terminate")
         if blocking and not terminate and _config.release_policy() == "finalize":
             failure = release_if_needed(_config.strategy())
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(f"{wrapped.__module__}:{wrapped.__qualname__}", exc)
     if failure is not None:
         raise failure
     return result
@@ -74,24 +72,20 @@ def _before(wrapped, instance, reload=False):
     """Release if needed; where the model comes back, ``suspend`` and ``restart`` release as
     ``flush``. Returns the failed checkpoint the release finalized, if any, for the method to
     raise."""
-    try:
+    with guard(f"{type(instance).__module__}:{wrapped.__qualname__}"):
         if _config.release_policy() != "never" and not _releases_itself(wrapped, instance):
             onloads = _config.auto_strategy() in ("restart", "suspend")
             return release_if_needed("flush" if reload and onloads else None)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
     return None
 
 
 def _after(wrapped, instance):
     """The model is back: resume the suspended worker, or start the next (``restart``)."""
-    try:
+    with guard(f"{type(instance).__module__}:{wrapped.__qualname__}"):
         if _config.release_policy() != "never":
             from ..worker.release import onload
 
             onload(_config.auto_strategy())
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(f"{type(instance).__module__}:{wrapped.__qualname__}", exc)
 
 
 def release_if_needed(strategy=None):
@@ -112,8 +106,11 @@ def release_if_needed(strategy=None):
         if not holds_ipc(queue):
             continue
         live = has_live_worker(queue) and not suspended(queue)
-        if (live and saved_since_release(queue)) or queue.get_num_unfinalized_calls() or (
-                strategy in ("restart", "suspend") and (live or idle(queue))):
+        if (
+            (live and saved_since_release(queue))
+            or queue.get_num_unfinalized_calls()
+            or (strategy in ("restart", "suspend") and (live or idle(queue)))
+        ):
             return released(None, strategy, _config.release_timeout())[1]
     return None
 
@@ -122,6 +119,8 @@ def _releases_itself(wrapped, instance):
     if wrapped.__name__ not in _SELF_RELEASING:
         return False
     requires = getattr(instance, "_requires_nvrx_cuda_cache_release", None)
-    return bool(requires is not None
-                and getattr(instance, "_async_checkpoint_cuda_cache_active", False)
-                and requires())
+    return bool(
+        requires is not None
+        and getattr(instance, "_async_checkpoint_cuda_cache_active", False)
+        and requires()
+    )

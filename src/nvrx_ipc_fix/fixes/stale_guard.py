@@ -22,10 +22,10 @@ import sys
 import threading
 import weakref
 
-from ..core import shapes as _shapes
+from ..core import fork as _fork, shapes as _shapes
 from ..core.cleanup import forget_keys, on_forget
 from ..core.detect import FS
-from ..core.log import hook_failed
+from ..core.log import guard
 from ..core.resolved import recording
 
 PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
@@ -33,7 +33,7 @@ PREPARE_TARGET = f"{FS}:FileSystemWriterAsync.prepare_write_data"
 #: cache key -> (number of tensor items in the plan,
 #:               ((position among them, storage weakref, data_ptr), ...) of the cached ones)
 _sent: dict[str, tuple] = {}
-_lock = threading.Lock()  # _sent: written by the saving thread, emptied by any (a release)
+_lock = _fork.renewed(threading.Lock())  # _sent: written by the saving thread, emptied by any
 
 
 def forget_all() -> None:
@@ -47,14 +47,11 @@ on_forget.append(forget_all)
 
 def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     """Around ``FileSystemWriterAsync.prepare_write_data(plan, planner)``."""
-    try:
+    with guard(PREPARE_TARGET, fix="stale_guard") as it:
         plan, planner = _plan_and_planner(*args, **kwargs)
         guarded = _shapes.caches_ipc(instance)
         byte_io = _shapes.byte_io(sys.modules[FS])
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
-        guarded = False
-    if not guarded:
+    if it.failed or not guarded:
         return wrapped(*args, **kwargs)
     resolved: list = []  # each tensor item's data, as NVRx resolves it (else: resolved here)
     restore = recording(planner, lambda item, data: item.type is byte_io or resolved.append(data))
@@ -63,16 +60,13 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
     finally:
         if restore is not None:
             restore()
-    try:
+    with guard(PREPARE_TARGET, fix="stale_guard") as it:
         if _reused_but_moved(instance, plan, planner, resolved):
             _send(instance, plan, planner, resolved)
-    except Exception as exc:  # noqa: BLE001 unknown whether it moved: send, never a stale save
-        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
+    if it.failed:  # unknown whether it moved: send, never a stale save
         _send_if_reused(instance, plan, planner, resolved)
-    try:
+    with guard(PREPARE_TARGET, fix="stale_guard"):
         _record_sent(instance, plan)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
     return result
 
 
@@ -111,9 +105,11 @@ def _send(instance, plan, planner, resolved) -> None:
     tensors it resolved for this save and did not send uncached (its own partition)."""
     items = _tensor_items(plan)
     uncached = {id(item) for item in _shapes.sent_uncached(instance)}
-    kept = [(item, data.detach()) for item, data in zip(items, _resolved(plan, planner,
-                                                                          resolved))
-            if id(item) not in uncached]
+    kept = [
+        (item, data.detach())
+        for item, data in zip(items, _resolved(plan, planner, resolved))
+        if id(item) not in uncached
+    ]
     _shapes.send(instance, [item for item, _ in kept], [data for _, data in kept])
 
 
@@ -121,11 +117,10 @@ def _send_if_reused(instance, plan, planner, resolved) -> None:
     """After a failed check: if NVRx reused the worker's cache, send the tensors (each save
     the check cannot decide is sent whole). Where that fails too, the save is NVRx's own
     and the keys are forgotten, so that the next one sends everything."""
-    try:
+    with guard(PREPARE_TARGET, fix="stale_guard") as it:
         if _shapes.reused(instance):
             _send(instance, plan, planner, resolved)
-    except Exception as exc:  # noqa: BLE001 the package's defect: send, never a stale save
-        hook_failed(PREPARE_TARGET, exc, fix="stale_guard")
+    if it.failed:
         forget_keys()
 
 
@@ -147,9 +142,12 @@ def _record_sent(instance, plan) -> None:
     items, tensors = sent
     tensor_items = _tensor_items(plan)
     position = {id(item): i for i, item in enumerate(tensor_items)}
-    record = (len(tensor_items), tuple(
-        (position[id(item)], weakref.ref(tensor.untyped_storage()), tensor.data_ptr())
-        for item, tensor in zip(items, tensors)
-    ))
+    record = (
+        len(tensor_items),
+        tuple(
+            (position[id(item)], weakref.ref(tensor.untyped_storage()), tensor.data_ptr())
+            for item, tensor in zip(items, tensors)
+        ),
+    )
     with _lock:
         _sent[key] = record

@@ -7,7 +7,7 @@ back to ``restart``.
 import sys
 
 from ..core.detect import CORE
-from ..core.log import hook_failed
+from ..core.log import guard
 from ..worker import suspend as _suspend
 
 SCHEDULE_TARGET = f"{CORE}:AsyncCallsQueue.schedule_async_request"
@@ -34,7 +34,5 @@ def _ready(target, **whose):
     the wrappers before they look anything up: NVRx's ``__del__`` can close a queue in the
     module teardown, after this module's globals are gone); the exit handler resumed every
     worker already."""
-    try:
+    with guard(target, fix="suspend"):
         _suspend.ready(**whose)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(target, exc, fix="suspend")

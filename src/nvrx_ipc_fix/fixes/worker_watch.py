@@ -61,17 +61,21 @@ from queue import Empty
 from ..core import cleanup as _cleanup, dispatch as _dispatch, shapes as _shapes
 from ..core.arguments import flags, replaced, values
 from ..core.errors import CheckpointWorkerError, STOP, add_note, annotate
-from ..core.log import hook_failed, logger
+from ..core.log import guard, logger
 from ..worker import guardian as _guardian, inside as _worker, monitor as _monitor
 from ..worker import peers as _peers, registry as _workers, unsent as _unsent
 
 #: The likely cause of a long wait in the finalize all-reduce, in the stall ERROR.
-FINALIZE_HINT = ("another rank has not reached it. A rank may have failed, or ranks finalize "
-                 "checkpoints in different orders (maybe_finalize_async_save must run on "
-                 "every rank).")
-RELEASE_HINT = ("another rank has not reached it. This all-reduce runs inside "
-                "nvrx_ipc_fix.release(), which finalizes pending saves: call release() on "
-                "every rank, in the same order.")
+FINALIZE_HINT = (
+    "another rank has not reached it. A rank may have failed, or ranks finalize "
+    "checkpoints in different orders (maybe_finalize_async_save must run on "
+    "every rank)."
+)
+RELEASE_HINT = (
+    "another rank has not reached it. This all-reduce runs inside "
+    "nvrx_ipc_fix.release(), which finalizes pending saves: call release() on "
+    "every rank, in the same order."
+)
 
 
 def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
@@ -92,7 +96,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
 
 def _schedule(wrapped, queue, args, kwargs):
     target = _target(wrapped)
-    try:
+    with guard(target) as it:
         caller = _shapes.caller_of(queue)
         if _workers.abandoned(caller):  # NVRx 0.4.1 keeps a closed caller
             _workers.forget_caller(queue, caller)  # as 0.5.0+ does: the save makes a fresh one
@@ -102,45 +106,58 @@ def _schedule(wrapped, queue, args, kwargs):
         process = _workers.process_of(caller)
         entry = partial(_shapes.entry, sys.modules[wrapped.__module__])  # probed: it exists
         sent = _reporting(request)  # NVRx gets every argument it was given, this one replaced
-        sent_args, sent_kwargs = (((sent, *args[1:]), kwargs) if args else
-                                  ((), {**kwargs, "async_request": sent}))
+        sent_args, sent_kwargs = (
+            ((sent, *args[1:]), kwargs) if args else ((), {**kwargs, "async_request": sent})
+        )
         dead = _workers.dead(process)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(target, exc)
+    if it.failed:
         return wrapped(*args, **kwargs)
     if dead:  # died while idle: sending would only pile up
-        try:
-            return _died_before(queue, entry(save, caller, request), process,
-                                "before the save, while idle")
-        except Exception as exc:  # noqa: BLE001 the count changes last: NVRx sends, watched below
-            hook_failed(target, exc)
+        with guard(target):  # the count changes last: NVRx sends, watched below
+            return _died_before(
+                queue, entry(save, caller, request), process, "before the save, while idle"
+            )
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
         _workers.release_join(_workers.queues_of(_shapes.caller_of(queue))[1])
 
-    with _monitor.watching(f"the preload handshake of save #{save}",
-                           lambda: _workers.process_of(_shapes.caller_of(queue)), unblock) as wait:
+    with _monitor.watching(
+        f"the preload handshake of save #{save}",
+        lambda: _workers.process_of(_shapes.caller_of(queue)),
+        unblock,
+    ) as wait:
         try:
             result = wrapped(*sent_args, **sent_kwargs)
-        except BaseException as exc:  # an interrupt, say: the other ranks must still learn
+        except BaseException as exc:  # noqa: BLE001 an interrupt, say: the others must learn
             caller = _shapes.caller_of(queue)
-            if (queue.call_idx == save and not _appended(queue, save) and caller is not None
-                    and _dispatch.abort_met() is None):
+            if (
+                queue.call_idx == save
+                and not _appended(queue, save)
+                and caller is not None
+                and _dispatch.abort_met() is None
+            ):
                 error = CheckpointWorkerError(
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
                     f"scheduled ({type(exc).__name__}: {exc}). The save was not finalized.",
-                    rank=_monitor.rank(), save=save)
+                    rank=_monitor.rank(),
+                    save=save,
+                )
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
     aborted_by = _dispatch.abort_met()
     if aborted_by is not None and _taken_back(queue, before):
         raise _aborted(save, aborted_by, "while it was being scheduled")
     unsent = None
-    try:
+    with guard(target):  # the finalize still meets a dead worker (done_wrapper)
         caller = queue.async_calls[-1][1] if _appended(queue, save) else _shapes.caller_of(queue)
         if wait.exitcode is not None:  # NVRx appended the save it thinks was handed over
-            return _died_before(queue, entry(save, caller, request), _workers.process_of(caller),
-                                "during the preload handshake", wait.exitcode)
+            return _died_before(
+                queue,
+                entry(save, caller, request),
+                _workers.process_of(caller),
+                "during the preload handshake",
+                wait.exitcode,
+            )
         # NVRx waited for the handshake, answered in the worker's place if the request was
         # never sent; without a preload_fn, the finalize finds out (_completion)
         unsent = _unsent.take(caller, save) if _shapes.preloads(request) else None
@@ -148,8 +165,6 @@ def _schedule(wrapped, queue, args, kwargs):
             _workers.state(caller).outstanding.append(save)
         else:
             _never_sent(queue, entry(save, caller, request), unsent)
-    except Exception as exc:  # noqa: BLE001 the finalize still meets a dead worker (done_wrapper)
-        hook_failed(target, exc)
     if unsent is not None:  # the checkpoint's failure, not the package's: raised at once
         raise unsent
     return result
@@ -174,7 +189,9 @@ def _aborted(save, by, when):
         f"rank {_monitor.rank()}: save #{save} was not saved: close(abort=True) (as "
         f"abort_nvrx_checkpoint() calls it) from thread {by!r} aborted the checkpoint worker "
         f"{when}. The next save starts a fresh worker and sends full tensors.",
-        rank=_monitor.rank(), save=save)
+        rank=_monitor.rank(),
+        save=save,
+    )
 
 
 def _never_sent(queue, entry, unsent):
@@ -184,11 +201,14 @@ def _never_sent(queue, entry, unsent):
     save = entry[0]
     _cleanup.forget_keys()
     _scheduled_failed(queue, entry, _unsent_error(save, unsent))
-    add_note(unsent, f"nvrx_ipc_fix: NVRx's queue could not pickle the request of save #{save}, "
-                     "so it never reached the checkpoint worker. The package answered NVRx's "
-                     "preload handshake in the worker's place and raised this at once; the save "
-                     "is kept as failed, and its finalize raises CheckpointWorkerError on every "
-                     "rank. The next save sends full tensors to the same worker.")
+    add_note(
+        unsent,
+        f"nvrx_ipc_fix: NVRx's queue could not pickle the request of save #{save}, "
+        "so it never reached the checkpoint worker. The package answered NVRx's "
+        "preload handshake in the worker's place and raised this at once; the save "
+        "is kept as failed, and its finalize raises CheckpointWorkerError on every "
+        "rank. The next save sends full tensors to the same worker.",
+    )
 
 
 def _unsent_error(save, unsent):
@@ -196,7 +216,9 @@ def _unsent_error(save, unsent):
         f"rank {_monitor.rank()}: save #{save} failed: NVRx's queue could not pickle its "
         f"request ({type(unsent).__name__}: {unsent}), so the checkpoint worker never got it. "
         "The save was not finalized; the next save sends full tensors.",
-        rank=_monitor.rank(), save=save)
+        rank=_monitor.rank(),
+        save=save,
+    )
 
 
 def caller_init_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
@@ -205,10 +227,8 @@ def caller_init_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finali
     raises at once (``_schedule``), or, without a ``preload_fn``, its finalize."""
     result = wrapped(*args, **kwargs)
     if not _finalizing():
-        try:
+        with guard(_target(wrapped)):
             _unsent.watch(caller)
-        except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-            hook_failed(_target(wrapped), exc)
     return result
 
 
@@ -220,8 +240,11 @@ def _target(wrapped):
 def _reporting(request):
     """``request`` with its functions run by ``_worker.reporting`` in the worker (their
     traceback reaches the trainer's error); unchanged where it has none."""
-    changes = {name: partial(_worker.reporting, _worker.directory(), getattr(request, name))
-               for name in ("async_fn", "preload_fn") if getattr(request, name, None)}
+    changes = {
+        name: partial(_worker.reporting, _worker.directory(), getattr(request, name))
+        for name in ("async_fn", "preload_fn")
+        if getattr(request, name, None)
+    }
     return _shapes.with_functions(request, **changes) if changes else request
 
 
@@ -266,18 +289,17 @@ def finalize_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing
         return _finalize(wrapped, queue, args, kwargs)
     except STOP:
         raise
-    except BaseException as failure:
+    except BaseException as failure:  # noqa: BLE001 re-raised unless a close or terminate holds it
         if _Held.keeps(queue, failure):
             return list(getattr(failure, "finalized", ()))
         raise
 
 
 def _finalize(wrapped, queue, args, kwargs):
-    try:
+    with guard(_target(wrapped)) as it:
         blocking, no_dist = flags(wrapped, args, kwargs, "blocking", "no_dist")
         _workers.finalized_with(queue, no_dist)
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(_target(wrapped), exc)
+    if it.failed:
         blocking = False
     calls, finalized, failures = queue.async_calls, [], []
     while True:
@@ -299,7 +321,7 @@ def _finalize(wrapped, queue, args, kwargs):
         except STOP as stop:
             _note(stop, failures)
             raise
-        except BaseException as other:  # torch's CheckpointException is a BaseException
+        except BaseException as other:  # noqa: BLE001 torch's CheckpointException too
             left = {entry[0] for entry in calls}
             taken = [save for save in before if save not in left]
             if not (blocking and taken):
@@ -334,8 +356,11 @@ class _Held:
         _holding.__dict__.setdefault("calls", []).append(self)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, exc, traceback):
+        """An exception that ends the call shows the failure held first (``annotate``)."""
         _holding.calls.pop()
+        if exc is not None and self.failures:
+            annotate(exc, self.failures[0])
 
     @classmethod
     def keeps(cls, queue, failure):
@@ -344,8 +369,10 @@ class _Held:
         go on (saves are left pending: NVRx's close stops there, as without the package)."""
         calls = getattr(_holding, "calls", None)
         held = calls[-1] if calls else None
-        if held is None or (held.queue is not None and (
-                held.queue is not queue or queue.get_num_unfinalized_calls())):
+        if held is None or (
+            held.queue is not None
+            and (held.queue is not queue or queue.get_num_unfinalized_calls())
+        ):
             return False
         held.failures.append(failure)
         return True
@@ -361,12 +388,7 @@ def queue_close_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finaliz
     if _finalizing():
         return wrapped(*args, **kwargs)
     with _Held(queue) as held:
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            if held.failures:
-                annotate(exc, held.failures[0])
-            raise
+        result = wrapped(*args, **kwargs)
     if held.failures:
         raise held.failures[0]
     return result
@@ -376,10 +398,9 @@ def terminate_wrapper(wrapped, instance, args, kwargs):
     """Around Megatron's and Bridge's ``maybe_finalize_async_save``: with ``terminate=True``,
     when the finalize it starts with ends in a failed checkpoint, the rest of the call (the
     saves behind, the close) still runs, then the failure is raised."""
-    try:
-        terminate, = flags(wrapped, args, kwargs, "terminate")
-    except Exception as exc:  # noqa: BLE001 the package's defect falls back to NVRx
-        hook_failed(_target(wrapped), exc)
+    with guard(_target(wrapped)) as it:
+        (terminate,) = flags(wrapped, args, kwargs, "terminate")
+    if it.failed:
         terminate = False
     if not terminate:
         return wrapped(*args, **kwargs)
@@ -388,11 +409,14 @@ def terminate_wrapper(wrapped, instance, args, kwargs):
             result = wrapped(*args, **kwargs)
         except STOP:
             raise
-        except BaseException as again:  # the close's own: raised after what came first
+        except BaseException as again:  # noqa: BLE001 the close's own: raised after what came first
             if not held.failures:
                 raise
-            add_note(held.failures[0], f"nvrx_ipc_fix: completing the terminate then raised "
-                                       f"{type(again).__name__}: {again}")
+            add_note(
+                held.failures[0],
+                f"nvrx_ipc_fix: completing the terminate then raised "
+                f"{type(again).__name__}: {again}",
+            )
     if held.failures:
         raise held.failures[0]
     return result
@@ -405,10 +429,13 @@ def _summary(failures, finalized):
     error.lost_saves = tuple(save for save, _ in failures)
     error.finalized = tuple(finalized)
     if isinstance(error, CheckpointWorkerError):
-        error.failed_ranks = tuple(sorted({rank for _, e in failures
-                                           for rank in getattr(e, "failed_ranks", ())}))
-    extra = [f"Not saved either: save #{save}: {type(e).__name__}: {str(e).splitlines()[0]}"
-             for save, e in failures[1:]]
+        error.failed_ranks = tuple(
+            sorted({rank for _, e in failures for rank in getattr(e, "failed_ranks", ())})
+        )
+    extra = [
+        f"Not saved either: save #{save}: {type(e).__name__}: {str(e).splitlines()[0]}"
+        for save, e in failures[1:]
+    ]
     if finalized:
         extra.append("Finalized by the same call: " + ", ".join(f"save #{i}" for i in finalized))
     if extra and isinstance(error, CheckpointWorkerError):
@@ -423,8 +450,10 @@ def _note(exc, failures):
     if not failures:
         return
     lost = ", ".join(f"#{save}" for save, _ in failures)
-    text = (f"nvrx_ipc_fix: before this error, the same finalize dropped save(s) {lost}: their "
-            f"checkpoint failed and they were not saved ({failures[0][1]})")
+    text = (
+        f"nvrx_ipc_fix: before this error, the same finalize dropped save(s) {lost}: their "
+        f"checkpoint failed and they were not saved ({failures[0][1]})"
+    )
     logger.error(text.splitlines()[0])
     add_note(exc, text)
 
@@ -460,8 +489,11 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
             _consume(caller, state, save)
             raise error
     completions = _workers.queues_of(caller)[2]
-    pending = (caller.cur_item is None and completions is not None
-               and _workers.process_of(caller) is not None)
+    pending = (
+        caller.cur_item is None
+        and completions is not None
+        and _workers.process_of(caller) is not None
+    )
     check = _checks.current = _Check(caller, error is not None)
     let_go = _shapes.hold_reads(completions) if pending else None
     try:  # pending: NVRx's own look at the completions finds none (this one found none)
@@ -475,8 +507,13 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
         if failed:
             _consume(caller, state, save)
             error = error or _peer_error(save, failed, failed_rank)
-            error.failed_ranks = ((failed_rank,) if failed_rank is not None else
-                                  (_monitor.rank(),) if check.failed else ())
+            error.failed_ranks = (
+                (failed_rank,)
+                if failed_rank is not None
+                else (_monitor.rank(),)
+                if check.failed
+                else ()
+            )
             raise error
     if error is not None:  # no_dist: there is no peer to tell
         _consume(caller, state, save)
@@ -520,13 +557,15 @@ def _sync(wrapped, caller, args, kwargs, check):
 
     check.world = torch.distributed.get_world_size()
     if check.failed:
-        is_alive, = values(wrapped, args, kwargs, "is_alive")
-        args, kwargs = replaced(wrapped, args, kwargs,
-                                is_alive=_flagged(is_alive, _monitor.rank(), check.world))
+        (is_alive,) = values(wrapped, args, kwargs, "is_alive")
+        args, kwargs = replaced(
+            wrapped, args, kwargs, is_alive=_flagged(is_alive, _monitor.rank(), check.world)
+        )
     release = sys.modules.get("nvrx_ipc_fix.worker.release")
     hint = RELEASE_HINT if release is not None and release.releasing() else FINALIZE_HINT
-    with _monitor.watching(f"NVRx's finalize all-reduce (sync_all_async_calls) of save "
-                           f"#{_front(caller)}", hint=hint):
+    with _monitor.watching(
+        f"NVRx's finalize all-reduce (sync_all_async_calls) of save #{_front(caller)}", hint=hint
+    ):
         result, check.total = _shapes.summed(lambda: wrapped(*args, **kwargs))
     return result
 
@@ -581,9 +620,12 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     process = _workers.process_of(caller)
     if _workers.dead(process):
         if process.exitcode != 0:
-            logger.error("rank %s: the checkpoint worker (pid %s) had died (%s) before it was "
-                         "closed", _monitor.rank(), process.pid,
-                         _workers.describe_exit(process.exitcode))
+            logger.error(
+                "rank %s: the checkpoint worker (pid %s) had died (%s) before it was closed",
+                _monitor.rank(),
+                process.pid,
+                _workers.describe_exit(process.exitcode),
+            )
         _workers.abandon(caller)
         return None
 
@@ -591,25 +633,19 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
         _workers.release_join(_workers.queues_of(caller)[0])
 
     handshake = None
-    try:
+    with guard(_target(wrapped)):  # NVRx's abort runs as without it
         if _dispatch.aborts(wrapped, args, kwargs):
             handshake = _workers.queues_of(caller)[1]
             if _shapes.abort_waits(caller):
                 _wake(caller)
-    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx's abort runs as without it
-        hook_failed(_target(wrapped), exc)
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
     if handshake is not None:  # aborted: a schedule of another thread waits for it no more
-        try:
+        with guard(_target(wrapped)):  # the abort itself is done
             _workers.release_join(handshake)
-        except Exception as exc:  # noqa: BLE001 the package's defect: the abort itself is done
-            hook_failed(_target(wrapped), exc)
     if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
-        try:
+        with guard(_target(wrapped)):  # the close itself is done
             _workers.abandon(caller)
-        except Exception as exc:  # noqa: BLE001 the package's defect: the close itself is done
-            hook_failed(_target(wrapped), exc)
     return result
 
 
@@ -629,28 +665,33 @@ def _wake(caller):
 
 def worker_loop_wrapper(wrapped, instance, args, kwargs):
     """Around the worker's loop, in the worker: leave the traceback for the trainer."""
-    try:
-        return wrapped(*args, **kwargs)
-    except Exception:
-        _worker.leave_traceback()
-        raise
+    return _worker.reporting(None, wrapped, *args, **kwargs)
 
 
 # -- failure handling -------------------------------------------------------------------------
 
+
 def _peer_error(save, failed, failed_rank):
-    who = (f"rank {failed_rank}" if failed_rank is not None else
-           f"{failed} ranks" if failed > 1 else "another rank")
+    who = (
+        f"rank {failed_rank}"
+        if failed_rank is not None
+        else f"{failed} ranks"
+        if failed > 1
+        else "another rank"
+    )
     return CheckpointWorkerError(
         f"rank {_monitor.rank()}: save #{save} failed on {who}: its checkpoint worker "
         "failed (see that rank's error). The save was not finalized on any rank.",
-        rank=_monitor.rank(), save=save)
+        rank=_monitor.rank(),
+        save=save,
+    )
 
 
 def _lost(save, death):
     """The error of ``save``, which the worker that died (``death``) never completed."""
-    return _worker_error(save, death.pid, death.exitcode, "before it completed this save",
-                         death.worker_traceback)
+    return _worker_error(
+        save, death.pid, death.exitcode, "before it completed this save", death.worker_traceback
+    )
 
 
 def _worker_error(save, pid, exitcode, when, worker_traceback):
@@ -658,10 +699,17 @@ def _worker_error(save, pid, exitcode, when, worker_traceback):
         f"rank {_monitor.rank()}: save #{save} failed: the checkpoint worker (pid {pid}) died "
         f"{when} ({_workers.describe_exit(exitcode)}). The save was not finalized; the next save "
         "starts a fresh worker and sends full tensors."
-        + (f"\nThe worker's traceback:\n{worker_traceback}" if worker_traceback else
-           "\nThe worker's own output, if any, is on this rank's stderr."),
-        rank=_monitor.rank(), save=save, worker_pid=pid, exitcode=exitcode,
-        worker_traceback=worker_traceback)
+        + (
+            f"\nThe worker's traceback:\n{worker_traceback}"
+            if worker_traceback
+            else "\nThe worker's own output, if any, is on this rank's stderr."
+        ),
+        rank=_monitor.rank(),
+        save=save,
+        worker_pid=pid,
+        exitcode=exitcode,
+        worker_traceback=worker_traceback,
+    )
 
 
 def _completion(caller, save, blocking):
@@ -679,8 +727,9 @@ def _completion(caller, save, blocking):
                 return None
             except (OSError, ValueError, EOFError):  # closed by an abort of another thread
                 return None
-            if item == _workers.SENTINEL or (save is not None and isinstance(item, int)
-                                             and item < save):
+            if item == _workers.SENTINEL or (
+                save is not None and isinstance(item, int) and item < save
+            ):
                 continue  # not this save's
             return item
 
@@ -691,23 +740,26 @@ def _completion(caller, save, blocking):
             item = take(0)
             if item is None and save in _workers.state(caller).completed:
                 item = save
-            return ((item, None) if item is not None else
-                    (None, _aborted(save, by, "before it completed this save")))
+            return (
+                (item, None)
+                if item is not None
+                else (None, _aborted(save, by, "before it completed this save"))
+            )
         unsent = _unsent.take(caller, save)
         if unsent is not None:  # never sent (a request without a preload_fn)
             _cleanup.forget_keys()
             return None, _unsent_error(save, unsent)
         if _workers.dead(process):
             item = take(0)  # sent just before it died?
-            return (item, None) if item is not None else (None, _own_failure(caller, save,
-                                                                             process))
+            return (item, None) if item is not None else (None, _own_failure(caller, save, process))
         return None
 
     item = take(0)
     if item is not None or not blocking:
         return (item, None) if item is not None else ended() or (None, None)
-    with _monitor.watching(f"the finalize of save #{save} (waiting for the worker)",
-                           lambda: process):
+    with _monitor.watching(
+        f"the finalize of save #{save} (waiting for the worker)", lambda: process
+    ):
         while True:
             item = take(0.2)
             if item is not None:

@@ -19,9 +19,13 @@ STATES = {RUNNING: "running", LOCKED: "locked", CHECKPOINTED: "checkpointed", FA
 FIRST_VERSION = 12080
 #: Why ``load`` gives no driver in a process that has not initialized CUDA.
 NO_CUDA = "this process has not initialized CUDA: its worker has nothing on a device"
-SYMBOLS = ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
-           "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock",
-           "cuCheckpointProcessGetState")
+SYMBOLS = (
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+    "cuCheckpointProcessGetState",
+)
 
 
 class DriverError(RuntimeError):
@@ -37,8 +41,11 @@ class Timeout(RuntimeError):
 
 
 class _LockArgs(ctypes.Structure):
-    _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint),
-                ("reserved1", ctypes.c_uint64 * 7)]
+    _fields_ = [
+        ("timeoutMs", ctypes.c_uint),
+        ("reserved0", ctypes.c_uint),
+        ("reserved1", ctypes.c_uint64 * 7),
+    ]
 
 
 class Driver:
@@ -51,8 +58,11 @@ class Driver:
     def version(self, timeout=30.0):
         """The driver's API version (12080 for CUDA 12.8)."""
         found = ctypes.c_int(0)
-        bounded(lambda: self._check("cuDriverGetVersion", ctypes.byref(found)), timeout,
-                "cuDriverGetVersion")
+        bounded(
+            lambda: self._check("cuDriverGetVersion", ctypes.byref(found)),
+            timeout,
+            "cuDriverGetVersion",
+        )
         return found.value
 
     def init(self, timeout=30.0):
@@ -62,16 +72,22 @@ class Driver:
     def state(self, pid, timeout):
         """The ``CUprocessState`` of ``pid``."""
         found = ctypes.c_int(-1)
-        bounded(lambda: self._check("cuCheckpointProcessGetState", pid, ctypes.byref(found)),
-                timeout, "cuCheckpointProcessGetState")
+        bounded(
+            lambda: self._check("cuCheckpointProcessGetState", pid, ctypes.byref(found)),
+            timeout,
+            "cuCheckpointProcessGetState",
+        )
         return found.value
 
     def lock(self, pid, timeout):
         """Lock ``pid``: its work in flight finishes, its later CUDA calls wait. The driver
         gives up after ``timeout`` seconds too."""
         args = _LockArgs(timeoutMs=max(1, min(int(timeout * 1000), 2**32 - 1)))
-        bounded(lambda: self._check("cuCheckpointProcessLock", pid, ctypes.byref(args)),
-                timeout + 1.0, "cuCheckpointProcessLock")
+        bounded(
+            lambda: self._check("cuCheckpointProcessLock", pid, ctypes.byref(args)),
+            timeout + 1.0,
+            "cuCheckpointProcessLock",
+        )
 
     def checkpoint(self, pid, timeout):
         """Move the locked ``pid``'s device state to host memory; nothing stays on the device."""
@@ -131,8 +147,9 @@ def load(in_use=True):
         return None, f"the CUDA driver library could not be opened ({exc})"
     missing = [name for name in SYMBOLS if not hasattr(lib, name)]
     if missing:
-        return None, (f"this CUDA driver has no process checkpoint API "
-                      f"({', '.join(missing)} missing)")
+        return None, (
+            f"this CUDA driver has no process checkpoint API ({', '.join(missing)} missing)"
+        )
     api = {name: getattr(lib, name) for name in (*SYMBOLS, "cuDriverGetVersion", "cuInit")}
     for name in SYMBOLS:
         api[name].argtypes = [ctypes.c_int, ctypes.c_void_p]
@@ -145,6 +162,8 @@ def load(in_use=True):
     except (DriverError, Timeout) as exc:
         return None, f"the CUDA driver did not initialize ({exc})"
     if version < FIRST_VERSION:
-        return None, (f"the CUDA driver's API version is {version}; the process checkpoint API "
-                      f"needs {FIRST_VERSION} (CUDA 12.8) or later")
+        return None, (
+            f"the CUDA driver's API version is {version}; the process checkpoint API "
+            f"needs {FIRST_VERSION} (CUDA 12.8) or later"
+        )
     return driver, None

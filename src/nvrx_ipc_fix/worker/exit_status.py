@@ -61,7 +61,10 @@ def one_reader(process):
 def one_at_a_time(popen):
     """``popen``, with the ``poll`` of ``one_reader`` (one of another shape, unchanged)."""
     own = getattr(popen, "__dict__", None)
-    if own is not None and hasattr(popen, "sentinel") and not isinstance(own.get("poll"),
-                                                                          _OneAtATime):
+    if (
+        own is not None
+        and hasattr(popen, "sentinel")
+        and not isinstance(own.get("poll"), _OneAtATime)
+    ):
         popen.poll = _OneAtATime(popen)
     return popen

@@ -34,7 +34,8 @@ import threading
 import weakref
 
 from ..core import fork as _fork, shapes as _shapes, state as _state
-from ..core.log import hook_failed, logger, warn
+from ..core import log as _log
+from ..core.log import logger, warn
 from ..core.status import GUARDIAN_NOT_STARTED
 from .guardian_process import start_time
 from .inside import directory
@@ -54,7 +55,7 @@ class _Guardian(subprocess.Popen):
         pass
 
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 _process = None  # the _Guardian running for this process
 _pipe = None  # the write end of its stdin (a descriptor)
 _ready = None  # the read end of its stdout, where it says that it watches
@@ -74,14 +75,14 @@ def guard(process):
     descendants if this process dies first; starts the guardian the first time. Never
     raises: a defect of the package warns once and ``status().guardian`` says why."""
     global _failure
-    try:
-        with _lock:
-            _guard(process)
-    except _CannotRun:  # said once, when it was found
-        pass
-    except Exception as exc:  # noqa: BLE001 the package's defect: said once
-        _failure = f"{type(exc).__name__}: {exc}"
-        hook_failed(__name__, exc)
+    with _log.guard(__name__) as it:
+        try:
+            with _lock:
+                _guard(process)
+        except _CannotRun:  # said once, when it was found
+            pass
+    if it.failed:
+        _failure = f"{type(it.failed).__name__}: {it.failed}"
 
 
 def adopt(queue):
@@ -91,17 +92,17 @@ def adopt(queue):
     global _adopted
     if _broken:
         return
-    try:
-        processes = tuple(_shapes.save_processes(queue))
-        if processes == _adopted and _process is not None and _process.poll() is None:
-            return  # the same objects as the last save's, guarded by a live guardian
-        if _process is not None:
-            with _lock:
-                _running()  # one that died is replaced, and told what is still alive
-    except _CannotRun:
-        return
-    except Exception as exc:  # noqa: BLE001 the package's defect: this save unguarded, said once
-        hook_failed(__name__, exc)
+    with _log.guard(__name__) as it:  # a defect: this save unguarded
+        try:
+            processes = tuple(_shapes.save_processes(queue))
+            if processes == _adopted and _process is not None and _process.poll() is None:
+                return  # the same objects as the last save's, guarded by a live guardian
+            if _process is not None:
+                with _lock:
+                    _running()  # one that died is replaced, and told what is still alive
+        except _CannotRun:
+            return
+    if it.failed:
         return
     for process in processes:
         guard(process)
@@ -135,7 +136,8 @@ def _tell(pid, start):
             _process.wait(10)  # it closed its stdin as it exits: its status is coming
         except BlockingIOError as error:
             raise RuntimeError(
-                f"the guardian (pid {_process.pid}) does not read its pipe") from error
+                f"the guardian (pid {_process.pid}) does not read its pipe"
+            ) from error
 
 
 class _CannotRun(Exception):
@@ -156,21 +158,27 @@ def _running():
 
     read, write = os.pipe()
     ready, said = os.pipe()
+    started = False
     try:
         with open(os.path.join(directory(), "guardian.stderr"), "ab") as stderr:
-            _process = _Guardian([spawn.get_executable(), "-S", "-I", PROGRAM,
-                                  str(os.getpid())], stdin=read, stdout=said, stderr=stderr,
-                                 close_fds=True, cwd="/")
-    except BaseException as error:
-        os.close(write)
-        os.close(ready)
-        if isinstance(error, OSError):  # no such interpreter, no process to spare
-            _cannot_run(f"{type(error).__name__}: {error}")
-            raise _CannotRun(_broken) from error
-        raise
+            _process = _Guardian(
+                [spawn.get_executable(), "-S", "-I", PROGRAM, str(os.getpid())],
+                stdin=read,
+                stdout=said,
+                stderr=stderr,
+                close_fds=True,
+                cwd="/",
+            )
+        started = True
+    except OSError as error:  # no such interpreter, no process to spare
+        _cannot_run(f"{type(error).__name__}: {error}")
+        raise _CannotRun(_broken) from error
     finally:
         os.close(read)
         os.close(said)
+        if not started:
+            os.close(write)
+            os.close(ready)
     os.set_blocking(write, False)
     os.set_blocking(ready, False)
     _pipe, _ready = write, ready
@@ -196,8 +204,11 @@ def _ended():
     os.close(_ready)
     _process = _pipe = _ready = None
     if watched and process.returncode < 0:
-        logger.warning("nvrx_ipc_fix: the guardian (pid %s) was killed (signal %s); another "
-                       "takes over", process.pid, -process.returncode)
+        logger.warning(
+            "nvrx_ipc_fix: the guardian (pid %s) was killed (signal %s); another takes over",
+            process.pid,
+            -process.returncode,
+        )
         return
     path = os.path.join(directory(), "guardian.stderr")
     try:
@@ -205,17 +216,21 @@ def _ended():
             said = stderr.read()[-600:].decode(errors="replace").strip()
     except OSError:
         said = ""
-    _cannot_run(f"the guardian (pid {process.pid}) ended with exit status "
-                f"{process.returncode} {'after' if watched else 'before'} it watched; its "
-                f"stderr ({path}): {said or '(empty)'}")
+    _cannot_run(
+        f"the guardian (pid {process.pid}) ended with exit status "
+        f"{process.returncode} {'after' if watched else 'before'} it watched; its "
+        f"stderr ({path}): {said or '(empty)'}"
+    )
 
 
 def _cannot_run(reason):
     """No guardian can run in this process: say so once, and start none again."""
     global _broken
     _broken = reason
-    message = (f"nvrx_ipc_fix: the guardian could not run ({reason}). None is started again "
-               f"in this process; its checkpoint workers may outlive it if it is killed")
+    message = (
+        f"nvrx_ipc_fix: the guardian could not run ({reason}). None is started again "
+        f"in this process; its checkpoint workers may outlive it if it is killed"
+    )
     logger.warning("%s", message)
     warn(message, ("guardian", "cannot run"))
 
@@ -227,14 +242,20 @@ def describe():
     process = _process
     if _broken:
         return f"cannot run: {_broken}; none is started again in this process"
-    failed = f"; failed ({_failure}): what was started since may outlive this process" \
-        if _failure else ""
+    failed = (
+        f"; failed ({_failure}): what was started since may outlive this process"
+        if _failure
+        else ""
+    )
     if process is None:
         return (GUARDIAN_NOT_STARTED if not _failure else "not running") + failed
     alive = sum(start_time(pid) == start for pid, start in list(_guarded.items()))
-    state = (f"running (pid {process.pid})" if process.poll() is None else
-             f"ended (pid {process.pid}, exit status {process.returncode}); the next process "
-             "to guard starts another, or says why none can run")
+    state = (
+        f"running (pid {process.pid})"
+        if process.poll() is None
+        else f"ended (pid {process.pid}, exit status {process.returncode}); the next process "
+        "to guard starts another, or says why none can run"
+    )
     replaced = f"; {_started - 1} replaced" if _started > 1 else ""
     return f"{state}, guarding {alive} process(es){replaced}{failed}"
 
@@ -242,14 +263,13 @@ def describe():
 def _forget():
     """In a child of ``os.fork()``: the parent's guardian is not this child's. Its pipe is
     closed here (a raw descriptor, never a file object: no lock of the parent's is taken)."""
-    global _lock, _process, _pipe, _ready, _broken, _guarded, _seen, _started, _failure
-    global _adopted
+    global _process, _pipe, _ready, _broken, _guarded, _seen, _started, _failure, _adopted
     for fd in (_pipe, _ready):
         if fd is not None:
             os.close(fd)
     if _process is not None:
         _inherited.append(_process)
-    _lock, _process, _pipe, _ready, _broken = threading.Lock(), None, None, None, None
+    _process, _pipe, _ready, _broken = None, None, None, None
     _guarded, _seen, _started, _failure, _adopted = {}, weakref.WeakSet(), 0, None, ()
 
 

@@ -29,11 +29,17 @@ import time
 HALTED = (b"T", b"t", b"Z", b"X")
 
 
+def stat_fields(pid):
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first); OSError
+    without /proc or without that process."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rpartition(b")")[2].split()
+
+
 def start_time(pid):
     """When ``pid`` started (field 22 of its ``/proc/<pid>/stat``), or None: it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rpartition(b")")[2].split()[19])
+        return int(stat_fields(pid)[19])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -41,10 +47,24 @@ def start_time(pid):
 def parent(pid):
     """The parent of ``pid`` (``/proc``), or None."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return int(stat.read().rpartition(b")")[2].split()[1])
+        return int(stat_fields(pid)[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def alive(pid):
+    """Is ``pid`` a process that has not exited (a zombie has)? Without /proc: does it
+    exist?"""
+    try:
+        return stat_fields(pid)[0] not in (b"Z", b"X")
+    except IndexError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
 
 
 def pidfd(pid):
@@ -111,8 +131,14 @@ class Guarded:
     def end(self, tell=None):
         """End every guarded process and its descendants (``end_trees``). Without pidfds, a
         guarded pid whose start time changed is left alone."""
-        end_trees({pid: fd for pid, fd in self.fds.items()
-                   if fd is not None or start_time(pid) == self.starts[pid]}, tell)
+        end_trees(
+            {
+                pid: fd
+                for pid, fd in self.fds.items()
+                if fd is not None or start_time(pid) == self.starts[pid]
+            },
+            tell,
+        )
 
 
 def end_trees(roots, tell=None, bound=2.0):

@@ -39,8 +39,11 @@ _kept: list[object] = []  # what the child dropped, kept from the garbage collec
 def let_go():
     """Detach this child's copies of NVRx's objects from the parent's processes."""
     if _active():
-        _leave(_nvrx(sys.modules.get(CORE)) + _mcore(sys.modules.get(MCORE_ASYNC))
-               + [_results_manager()])
+        _leave(
+            _nvrx(sys.modules.get(CORE))
+            + _mcore(sys.modules.get(MCORE_ASYNC))
+            + [_results_manager()]
+        )
 
 
 def forget(callers):

@@ -15,7 +15,6 @@ write to, never through a symbolic link.
 
 from __future__ import annotations
 
-import atexit
 import gc
 import importlib
 import json
@@ -25,6 +24,7 @@ import sys
 import threading
 import time
 
+from ..core import fork as _fork
 from ..core.detect import CORE, FS
 from ..core.shapes import worker_data_cache
 
@@ -43,7 +43,7 @@ pin_without_cuda: Callable[[int], Any] | None = None
 #: ``pinned`` (what ``warm_up`` pinned ahead).
 WORKER_FILE = "worker-{pid}.{kind}"
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 #: ``(the directory, the pid of the trainer that made it)``; in a worker, the directory its
 #: last request named (or its trainer's, where it was forked from it) and that trainer's pid.
 _private = (None, None)
@@ -59,15 +59,14 @@ def directory():
 
             path = tempfile.mkdtemp(prefix="nvrx_ipc_fix-")
             _private = (path, os.getpid())
-            atexit.register(_remove, path, os.getpid())
+            _fork.at_exit(_remove, path)
         return path
 
 
-def _remove(path, owner):
-    if os.getpid() == owner:  # not in a forked child that exits through the handlers
-        import shutil
+def _remove(path):
+    import shutil
 
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _told(path):
@@ -84,7 +83,7 @@ def reporting(path, function, *args, **kwargs):
     _told(path)
     try:
         return function(*args, **kwargs)
-    except Exception:
+    except Exception:  # noqa: BLE001 re-raised, its traceback left for the trainer first
         leave_traceback()
         raise
 
@@ -112,12 +111,13 @@ def _leave(kind, text):
         if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
             return False
         name = WORKER_FILE.format(pid=os.getpid(), kind=kind)
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600,
-                      dir_fd=folder)
+        out = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=folder
+        )
         with open(out, "w", encoding="utf-8") as file:
             file.write(text)
         return True
-    except Exception:  # noqa: BLE001 never raises in the worker: False, nothing written
+    except (OSError, ValueError):  # never raises in the worker: False, nothing written
         return False
     finally:
         os.close(folder)
@@ -167,13 +167,22 @@ def warm_up(modules, sizes=(), standby=None, path=None):
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 imported when needed
+        except Exception:  # noqa: BLE001 a module's own import error: imported when needed
             pass
     if sizes:
         began = time.perf_counter()
         pinned, error = pin_host(sizes)
-        _leave("pinned", json.dumps({"pinned_bytes": pinned, "error": error,
-                                     "entered": entered, "pin_s": time.perf_counter() - began}))
+        _leave(
+            "pinned",
+            json.dumps(
+                {
+                    "pinned_bytes": pinned,
+                    "error": error,
+                    "entered": entered,
+                    "pin_s": time.perf_counter() - began,
+                }
+            ),
+        )
 
 
 def die_with(parent):
@@ -201,6 +210,7 @@ def pin_host(sizes):
     import torch
 
     if torch.cuda.is_available():
+
         def allocate(size):
             return torch.empty(size, dtype=torch.uint8, pin_memory=True)
     elif pin_without_cuda is not None:
@@ -212,7 +222,7 @@ def pin_host(sizes):
         for size in sizes:
             blocks.append(allocate(int(size)))
         return sum(b.numel() for b in blocks), None
-    except Exception as exc:  # noqa: BLE001 reported with what was pinned
+    except (RuntimeError, MemoryError, OSError, ValueError) as exc:  # reported with what was pinned
         return sum(b.numel() for b in blocks), f"{type(exc).__name__}: {exc}"[:500]
     finally:
         del blocks  # into the cache: pinned, and free for the save

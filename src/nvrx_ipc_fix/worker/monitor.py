@@ -25,15 +25,27 @@ from multiprocessing import connection
 
 from ..core import config as _config, fork as _fork, shapes as _shapes
 from ..core.detect import FS, MCORE_FS
-from ..core.log import logger
+from ..core.log import guard, logger
 from . import exit_status as _exit_status
+from .guardian_process import children, stat_fields
 
 
 class Wait:
     """One registered wait (see the module doc)."""
 
-    __slots__ = ("where", "process_of", "unblock", "hint", "started", "exitcode", "progress",
-                 "progress_at", "sampled_at", "stalled_at", "ended")
+    __slots__ = (
+        "where",
+        "process_of",
+        "unblock",
+        "hint",
+        "started",
+        "exitcode",
+        "progress",
+        "progress_at",
+        "sampled_at",
+        "stalled_at",
+        "ended",
+    )
 
     def __init__(self, where, process_of, unblock, hint):
         self.where = where  # "the preload handshake of save #3", shown in log lines
@@ -53,7 +65,7 @@ def dist_rank():
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
             return dist.get_rank()
-    except Exception:  # noqa: BLE001 torch.distributed cannot say: no rank
+    except (RuntimeError, ValueError):  # torch.distributed cannot say: no rank
         pass
     return None
 
@@ -78,7 +90,7 @@ def exitcode(process, settle=1.0):
     try:
         process.join(settle)
         return process.exitcode
-    except Exception:  # noqa: BLE001 no exit code to read: unknown
+    except (AssertionError, ValueError, OSError):  # not our child, or closed: unknown
         return None
 
 
@@ -95,8 +107,9 @@ class _Monitor:
         with self.lock:
             self.waits.append(wait)
             if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, name="nvrx_ipc_fix-monitor",
-                                               daemon=True)
+                self.thread = threading.Thread(
+                    target=self._run, name="nvrx_ipc_fix-monitor", daemon=True
+                )
                 self.thread.start()
 
     def remove(self, wait):
@@ -104,8 +117,9 @@ class _Monitor:
             wait.ended = True
             self.waits.remove(wait)
         if wait.stalled_at is not None:
-            self.recovered(wait, "%s ended after %.0f s", wait.where,
-                           time.monotonic() - wait.started)
+            self.recovered(
+                wait, "%s ended after %.0f s", wait.where, time.monotonic() - wait.started
+            )
 
     def recovered(self, wait, message, *args):
         """The WARNING that follows a stall ERROR, once per stall."""
@@ -150,12 +164,9 @@ class _Monitor:
 
     @staticmethod
     def _failed(exc):
-        try:
-            from ..core.log import hook_failed
+        from ..core.log import hook_failed
 
-            hook_failed("nvrx_ipc_fix.worker.monitor", exc)
-        except BaseException:  # noqa: BLE001 the report itself raised (-W error): the watch goes on
-            pass
+        hook_failed("nvrx_ipc_fix.worker.monitor", exc)  # never raises, even with -W error
 
     def _died(self, wait, process):
         code = exitcode(process)
@@ -167,11 +178,8 @@ class _Monitor:
                 return
             wait.exitcode = -1 if code is None else code  # -1: gone, code unknown
             if wait.unblock is not None:
-                try:
+                with guard("nvrx_ipc_fix.worker.monitor"):  # the death is reported all the same
                     wait.unblock()
-                except Exception as exc:  # noqa: BLE001 the death is reported all the same
-                    logger.error("rank %s: could not end %s after the worker died: %s",
-                                 rank(), wait.where, exc)
 
     def _check_progress(self, wait, now, bound):
         if wait.exitcode is not None:
@@ -181,9 +189,13 @@ class _Monitor:
             sample = progress(*watched(process))  # None (no /proc): by time alone
             if sample is not None and sample != wait.progress:
                 if wait.stalled_at is not None:
-                    self.recovered(wait, "the checkpoint worker (pid %s) makes progress "
-                                       "again in %s, after %.0f s", process.pid, wait.where,
-                                       now - wait.progress_at)
+                    self.recovered(
+                        wait,
+                        "the checkpoint worker (pid %s) makes progress again in %s, after %.0f s",
+                        process.pid,
+                        wait.where,
+                        now - wait.progress_at,
+                    )
                 wait.progress, wait.progress_at = sample, now
                 return
         with self.lock:
@@ -191,16 +203,29 @@ class _Monitor:
                 return
             wait.stalled_at = now
         if process is not None:
-            logger.error("rank %s: %s has waited %.0f s on the checkpoint worker (pid %s), "
-                         "which is alive, but neither it nor what it may wait on made "
-                         "progress (CPU or I/O) for %.0f s: stopped, swapping, or blocked on "
-                         "storage? (%s=%g s)", rank(), wait.where,
-                         now - wait.started, process.pid, now - wait.progress_at,
-                         _config.STALL_TIMEOUT, bound)
+            logger.error(
+                "rank %s: %s has waited %.0f s on the checkpoint worker (pid %s), "
+                "which is alive, but neither it nor what it may wait on made "
+                "progress (CPU or I/O) for %.0f s: stopped, swapping, or blocked on "
+                "storage? (%s=%g s)",
+                rank(),
+                wait.where,
+                now - wait.started,
+                process.pid,
+                now - wait.progress_at,
+                _config.STALL_TIMEOUT,
+                bound,
+            )
         else:
-            logger.error("rank %s: %s has waited %.0f s: %s (%s=%g s)", rank(), wait.where,
-                         now - wait.started, wait.hint or "another rank has not reached it",
-                         _config.STALL_TIMEOUT, bound)
+            logger.error(
+                "rank %s: %s has waited %.0f s: %s (%s=%g s)",
+                rank(),
+                wait.where,
+                now - wait.started,
+                wait.hint or "another rank has not reached it",
+                _config.STALL_TIMEOUT,
+                bound,
+            )
 
     def reset_after_fork(self):
         self.lock = threading.Lock()
@@ -253,35 +278,16 @@ def progress(pid, *others):
         try:
             fields = stat_fields(current)
             total += int(fields[11]) + int(fields[12])  # utime, stime
-            todo.extend(_children(current))
+            todo.extend(children(current))
         except (OSError, ValueError, IndexError):
             if current == pid:
                 return None
             continue
         try:
             with open(f"/proc/{current}/io", "rb") as io:
-                total += sum(int(line.split()[1]) for line in io
-                             if line.startswith((b"rchar", b"wchar")))
+                total += sum(
+                    int(line.split()[1]) for line in io if line.startswith((b"rchar", b"wchar"))
+                )
         except (OSError, ValueError, IndexError):
             pass
     return total
-
-
-def stat_fields(pid):
-    """The fields of ``/proc/<pid>/stat`` after the command name (state first); OSError
-    without /proc or without that process."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        return stat.read().rsplit(b")", 1)[1].split()
-
-
-def _children(pid):
-    """``pid``'s children; OSError without that process (a thread that ends meanwhile is
-    skipped)."""
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", "rb") as children:
-                found.extend(int(child) for child in children.read().split())
-        except OSError:
-            continue
-    return found

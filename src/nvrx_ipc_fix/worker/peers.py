@@ -35,14 +35,18 @@ from ..core.errors import RanksWithoutPackageError
 from ..core.status import PEERS_NOT_CHECKED as NOT_CHECKED
 
 PREFIX = "nvrx_ipc_fix/peers/"
-COUNT, DONE, CLAIM, FOUND, UNSURE = (PREFIX + name for name in
-                                     ("count", "done", "claim", "found", "unsure"))
+COUNT, DONE, CLAIM, FOUND, UNSURE = (
+    PREFIX + name for name in ("count", "done", "claim", "found", "unsure")
+)
 PAUSES = (0.1, 0.4, 1.6)  # seconds between the 4 tries of one store call
 UNSURE_S = 5.0  # how long the naming rank waits for a rank's mark that its word is missing
 FOUND_S = 60.0  # how long the other ranks wait for the names
 TARGET = "peers: cannot tell"  # the key of its one warning
+#: what a call on torch's store raises when the store fails or times out (DistStoreError and
+#: DistNetworkError are RuntimeErrors)
+STORE_ERRORS = (RuntimeError, OSError, ValueError)
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())  # what was checked holds in a child: the parent's group
 _checked = None  # weak reference to the default group this rank checked (or is checking)
 _found: RanksWithoutPackageError | None = None  # in that group, until a finalize is due it
 _due: RanksWithoutPackageError | None = None  # for the next finalize to raise
@@ -65,7 +69,7 @@ class Turn:
             self.calls += 1
             try:
                 return getattr(self.store, name)(*args)
-            except Exception:  # noqa: BLE001 tried again
+            except STORE_ERRORS:  # tried again
                 time.sleep(pause)
         self.calls += 1
         return getattr(self.store, name)(*args)
@@ -76,7 +80,7 @@ class Turn:
         try:
             self.store.wait([key], timedelta(seconds=seconds))
             return True
-        except Exception:  # noqa: BLE001 its timeout, or the store failed: no
+        except STORE_ERRORS:  # its timeout, or the store failed: no
             return False
 
 
@@ -152,12 +156,12 @@ def announce():
         from torch.distributed import distributed_c10d  # its one way to the store (torch 2.x)
 
         turn = Turn(distributed_c10d._get_default_store(), group.rank(), group.size())
-    except Exception as exc:  # noqa: BLE001 no store: said once, NVRx's own
+    except (AttributeError, *STORE_ERRORS) as exc:  # no store: said once, NVRx's own
         _cannot_tell(exc)
         return None
     try:
         say(turn)
-    except Exception as exc:  # noqa: BLE001 every rank learns it (verdict)
+    except STORE_ERRORS as exc:  # every rank learns it (verdict)
         _cannot_tell(exc)
     return turn
 
@@ -171,21 +175,28 @@ def check(turn, rides):
         try:
             missing = verdict(turn)
             if missing is None and turn.said:  # else announce warned
-                raise LookupError("the ranks' words in the store do not add up (a rank could "
-                                  "not say so, or an earlier group's are left)")
-        except Exception as exc:  # noqa: BLE001 said once, NVRx's own
+                raise LookupError(
+                    "the ranks' words in the store do not add up (a rank could "
+                    "not say so, or an earlier group's are left)"
+                )
+        except (LookupError, *STORE_ERRORS) as exc:  # said once, NVRx's own
             _cannot_tell(exc)
             missing = None
         if missing:
-            _found = RanksWithoutPackageError(_message(turn, missing), rank=turn.rank,
-                                              ranks=missing, world_size=turn.world)
-            _why = (f"rank(s) {_ranks(missing)} of {turn.world} do not run the package "
-                    "(RanksWithoutPackageError, raised once by the first finalize whose "
-                    "failure flag rides NVRx's all-reduce)")
+            _found = RanksWithoutPackageError(
+                _message(turn, missing), rank=turn.rank, ranks=missing, world_size=turn.world
+            )
+            _why = (
+                f"rank(s) {_ranks(missing)} of {turn.world} do not run the package "
+                "(RanksWithoutPackageError, raised once by the first finalize whose "
+                "failure flag rides NVRx's all-reduce)"
+            )
         elif missing is not None:
-            _why = (f"every one of {turn.world} ranks runs the package (checked at this "
-                    f"rank's first finalize all-reduce of the process group: {turn.calls} "
-                    f"store call(s), {(time.monotonic() - turn.started) * 1000:.2f} ms)")
+            _why = (
+                f"every one of {turn.world} ranks runs the package (checked at this "
+                f"rank's first finalize all-reduce of the process group: {turn.calls} "
+                f"store call(s), {(time.monotonic() - turn.started) * 1000:.2f} ms)"
+            )
     if rides and _found is not None:
         _due, _found = _found, None
 
@@ -204,15 +215,17 @@ def _ranks(ranks, shown=16):
 
 def _message(turn, missing):
     many = len(missing) > 1
-    return (f"rank {turn.rank}: rank{'s' if many else ''} {_ranks(missing)} of {turn.world} "
-            f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from "
-            f"{'them' if many else 'it'} in the process group's store, though every rank had "
-            "entered NVRx's finalize all-reduce). Where a rank lacks it, a failed checkpoint "
-            "worker hangs the job instead of raising CheckpointWorkerError on every rank. "
-            "Activate it on every rank: run `python -m nvrx_ipc_fix doctor` with the "
-            f"interpreter, flags and environment of {'those ranks' if many else 'that rank'} "
-            "(docs/activation.md). Raised once, after NVRx's finalize: the saves it finalized "
-            "are saved (err.finalized), and the job may go on as with NVRx alone.")
+    return (
+        f"rank {turn.rank}: rank{'s' if many else ''} {_ranks(missing)} of {turn.world} "
+        f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from "
+        f"{'them' if many else 'it'} in the process group's store, though every rank had "
+        "entered NVRx's finalize all-reduce). Where a rank lacks it, a failed checkpoint "
+        "worker hangs the job instead of raising CheckpointWorkerError on every rank. "
+        "Activate it on every rank: run `python -m nvrx_ipc_fix doctor` with the "
+        f"interpreter, flags and environment of {'those ranks' if many else 'that rank'} "
+        "(docs/activation.md). Raised once, after NVRx's finalize: the saves it finalized "
+        "are saved (err.finalized), and the job may go on as with NVRx alone."
+    )
 
 
 def _cannot_tell(exc):
@@ -220,8 +233,10 @@ def _cannot_tell(exc):
     global _why
     from ..core.log import warn, warn_once
 
-    _why = (f"cannot tell whether every rank runs the package ({type(exc).__name__}: {exc}); "
-            "NVRx's behaviour stays")
+    _why = (
+        f"cannot tell whether every rank runs the package ({type(exc).__name__}: {exc}); "
+        "NVRx's behaviour stays"
+    )
     warn_once(TARGET, "nvrx_ipc_fix: %s", _why)
     warn(f"nvrx_ipc_fix: {_why}", TARGET)
 
@@ -230,13 +245,3 @@ def _cannot_tell(exc):
 def describe():
     """For ``status()``: what the check of every rank found."""
     return _why
-
-
-def _fresh_lock():
-    """In a child of ``os.fork()``: the parent's lock may be held by a thread the child does
-    not have (what was checked holds: the child has the parent's group)."""
-    global _lock
-    _lock = threading.Lock()
-
-
-_fork.in_child(_fresh_lock)

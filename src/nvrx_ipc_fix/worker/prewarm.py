@@ -35,11 +35,8 @@ and frees them into that cache, before the worker reports ready. A failure to pi
 WARNING; the save then pins as usual.
 """
 
-
 from __future__ import annotations
 
-import atexit
-import os
 import sys
 import threading
 import time
@@ -51,7 +48,7 @@ from queue import Empty
 from ..core import cleanup as _cleanup, config as _config, fork as _fork, shapes as _shapes
 from ..core import state as _state
 from ..core.detect import CORE
-from ..core.log import logger
+from ..core.log import guard, logger
 from . import guardian as _guardian, monitor as _monitor, registry as _workers
 from . import standby as _standby
 from .inside import WORKER_IMPORTS, directory, take_file, warm_up
@@ -76,17 +73,35 @@ class PrewarmReport:
         if not self.started:
             return f"prewarm started no checkpoint worker: {'; '.join(self.skipped)}"
         pids = ", ".join(map(str, self.started))
-        how = ("forked from the standby, it creates" if set(self.started) <= set(self.forked)
-               else "it imports torch and creates")
-        return (f"started the NVRx checkpoint worker ahead of its next save (pid {pids}, "
-                f"{self.seconds:.2f} s); {how} its CUDA context in the background")
+        how = (
+            "forked from the standby, it creates"
+            if set(self.started) <= set(self.forked)
+            else "it imports torch and creates"
+        )
+        return (
+            f"started the NVRx checkpoint worker ahead of its next save (pid {pids}, "
+            f"{self.seconds:.2f} s); {how} its CUDA context in the background"
+        )
 
 
 class _Start:
     """A worker started here that no save has used yet."""
 
-    __slots__ = ("process", "began", "began_at", "ready_s", "error", "cancelled", "thread",
-                 "pinning", "pinned_bytes", "pin_error", "standby", "first_request_s", "pin_s")
+    __slots__ = (
+        "process",
+        "began",
+        "began_at",
+        "ready_s",
+        "error",
+        "cancelled",
+        "thread",
+        "pinning",
+        "pinned_bytes",
+        "pin_error",
+        "standby",
+        "first_request_s",
+        "pin_s",
+    )
 
     def __init__(self, process, pinning=0, standby=None):
         self.process = _monitor.started_process(process)  # its status: one reader at a time
@@ -104,21 +119,20 @@ class _Start:
         self.thread = None
 
 
-_lock = threading.RLock()  # check-and-start, hand-over; never taken by the waiting thread
-_reported = threading.Lock()  # a failure is counted and logged once
+#: check-and-start, hand-over; never taken by the waiting thread
+_lock = _fork.renewed(threading.RLock())
+_reported = _fork.renewed(threading.Lock())  # a failure is counted and logged once
 #: PersistentAsyncCaller -> _Start, until a save takes it
 _starts: weakref.WeakKeyDictionary[Any, _Start] = weakref.WeakKeyDictionary()
 _scheduling: weakref.WeakSet[Any] = weakref.WeakSet()  # queues inside schedule_async_request
 #: queue -> byte sizes of the CUDA tensors it last sent
 _sizes: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
-_exit_pid = None  # the process that registered _at_exit (a forked child inherits the handler)
 
 
 def _forget_the_parent():
-    """In a child of ``os.fork()``: fresh locks, and none of the parent's workers (the child
-    never started them; ``worker.inherited`` detaches NVRx's objects from them)."""
-    global _lock, _reported, _starts, _scheduling
-    _lock, _reported = threading.RLock(), threading.Lock()
+    """In a child of ``os.fork()``: none of the parent's workers (the child never started
+    them; ``worker.inherited`` detaches NVRx's objects from them)."""
+    global _starts, _scheduling
     _starts, _scheduling = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
 
@@ -137,9 +151,7 @@ def prewarm(queue: Any = None) -> PrewarmReport:
     the rank). Callable from any thread; the report says what was started and what skipped.
     """
     began = time.perf_counter()
-    if queue is not None and not callable(getattr(queue, "schedule_async_request", None)):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
+    _shapes.check_queue(queue)
     resume(queue, wait=False)
     return start(queue, began)
 
@@ -152,9 +164,6 @@ def start(queue=None, began=None):
     why = unavailable(core)
     if why is not None:
         return PrewarmReport((), (f"all: {why}",), time.perf_counter() - began)
-    if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
     queues = [queue] if queue is not None else _shapes.live_queues(core)
     return start_for(queues, core, began)
 
@@ -186,8 +195,9 @@ def start_for(queues, core, began, slot=False):
             started.append(start.process.pid)
             if start.standby is not None:
                 forked.append(start.process.pid)
-    report = PrewarmReport(tuple(started), tuple(skipped), time.perf_counter() - began,
-                           tuple(forked))
+    report = PrewarmReport(
+        tuple(started), tuple(skipped), time.perf_counter() - began, tuple(forked)
+    )
     if started:
         logger.info("rank %s: %s", _monitor.rank(), report.summary())
     return report
@@ -232,8 +242,9 @@ def idle(queue) -> bool:
     caller = _serving(queue, core) if core is not None else None
     if caller is None:
         return False
-    return caller in _starts or (caller is not _shapes.caller_of(queue)
-                                 and _alive(caller.process))
+    return caller in _starts or (
+        caller is not _shapes.caller_of(queue) and _workers.alive(caller.process)
+    )
 
 
 def stop(queue) -> bool:
@@ -249,6 +260,7 @@ def stop(queue) -> bool:
 
 
 # -- starting ---------------------------------------------------------------------------------
+
 
 def unavailable(core):
     """Why nothing can be prewarmed in this process, or None."""
@@ -270,11 +282,6 @@ def _serving(queue, core):
     return caller
 
 
-def _alive(process):
-    """Is ``process`` a started process that has not exited?"""
-    return _monitor.started_process(process) is not None and process.exitcode is None
-
-
 def _blocked(queue, core, rank):
     """Why ``queue`` gets no worker now, or None (a dead unused worker is let go on the way)."""
     if not _shapes.is_persistent(queue):
@@ -282,30 +289,40 @@ def _blocked(queue, core, rank):
     if queue in _scheduling:
         return "a save is being scheduled on it (that starts the worker)"
     if rank is None:
-        return ("torch.distributed is not initialized: the worker's rank, hence its device, is "
-                "not known yet")
+        return (
+            "torch.distributed is not initialized: the worker's rank, hence its device, is "
+            "not known yet"
+        )
     caller = _serving(queue, core)
     process = getattr(caller, "process", None)
     start = _starts.get(caller) if caller is not None else None
     own = caller is _shapes.caller_of(queue)
     if start is not None:
-        if start.error is None and _alive(process):
+        if start.error is None and _workers.alive(process):
             state = "ready" if start.ready_s is not None else "starting"
             where = "its prewarmed worker" if own else "the prewarmed worker in NVRx's warm-up slot"
             return f"{where} (pid {process.pid}) is {state}"
         _unusable(caller, start)
-    elif _alive(process):
+    elif _workers.alive(process):
         if own:
             return f"its worker (pid {process.pid}) is running"
-        return (f"NVRx's warm-up worker (pid {process.pid}) waits in its slot for the first queue "
-                "that saves")
+        return (
+            f"NVRx's warm-up worker (pid {process.pid}) waits in its slot for the first queue "
+            "that saves"
+        )
     elif process is not None and own:
-        return (f"its worker (pid {process.pid}) died: the next save reports it "
-                "(CheckpointWorkerError) and starts a fresh one")
+        return (
+            f"its worker (pid {process.pid}) died: the next save reports it "
+            "(CheckpointWorkerError) and starts a fresh one"
+        )
     elif process is not None:
-        logger.warning("rank %s: NVRx's warm-up checkpoint worker (pid %s) had died unused "
-                       "(%s); prewarm starts a fresh one", _monitor.rank(), process.pid,
-                       _workers.describe_exit(_monitor.exitcode(process, settle=0.5)))
+        logger.warning(
+            "rank %s: NVRx's warm-up checkpoint worker (pid %s) had died unused "
+            "(%s); prewarm starts a fresh one",
+            _monitor.rank(),
+            process.pid,
+            _workers.describe_exit(_monitor.exitcode(process, settle=0.5)),
+        )
     if process is not None:
         _let_go(queue, caller, start)
     return None
@@ -315,9 +332,9 @@ def _start(queue, core, rank, slot):
     """Start ``queue``'s worker and the thread that waits for its answer; its ``_Start``. The
     worker goes to the queue's caller (NVRx makes one as for a save), or with ``slot`` and
     no caller yet to NVRx's warm-up slot, by NVRx's own ``warmup_persistent_caller``."""
-    global _exit_pid
     caller = _shapes.caller_of(queue)
     slot = slot and caller is None
+    started = False
     try:
         with _standby.starting(core) as standby:  # forked from the standby, if it serves
             if slot:  # interrupted, NVRx's own caller is collected, and closes its worker
@@ -328,21 +345,25 @@ def _start(queue, core, rank, slot):
         _guardian.guard(caller.process)
         _cleanup.forget_keys()  # NVRx's restart callbacks do it too, where it has them
         sizes = _sizes.get(queue, ()) if _config.pin_ahead() and not slot else ()
-        _shapes.worker_queues(caller)[0].put(_shapes.request(
-            core, warm_up, (list(WORKER_IMPORTS), sizes, standby, directory()),
-            _workers.SENTINEL))
+        _shapes.worker_queues(caller)[0].put(
+            _shapes.request(
+                core,
+                warm_up,
+                (list(WORKER_IMPORTS), sizes, standby, directory()),
+                _workers.SENTINEL,
+            )
+        )
         start = _starts[caller] = _Start(caller.process, sum(sizes), standby)
-        start.thread = threading.Thread(target=_await_ready, args=(caller, start),
-                                        name="nvrx_ipc_fix-prewarm", daemon=True)
+        start.thread = threading.Thread(
+            target=_await_ready, args=(caller, start), name="nvrx_ipc_fix-prewarm", daemon=True
+        )
         start.thread.start()
-    except BaseException:  # failed or interrupted: leave no worker behind
-        if caller is not None and caller.process is not None:
+        started = True
+    finally:  # failed or interrupted: leave no worker behind
+        if not started and caller is not None and caller.process is not None:
             _let_go(queue, caller, _starts.pop(caller, None))
-        raise
     _cleanup.add(prewarms=1)
-    if _exit_pid != os.getpid():
-        _exit_pid = os.getpid()
-        atexit.register(_at_exit)
+    _fork.at_exit(stop_unused)
     return start
 
 
@@ -350,8 +371,9 @@ def _await_ready(caller, start):
     """The thread: read the worker's answer, or see it die first."""
     process, completions = start.process, _shapes.worker_queues(caller)[2]
     try:
-        with _monitor.watching(f"the start of the prewarmed checkpoint worker (pid "
-                               f"{process.pid})", lambda: process):
+        with _monitor.watching(
+            f"the start of the prewarmed checkpoint worker (pid {process.pid})", lambda: process
+        ):
             while not start.cancelled:
                 try:
                     item = completions.get(timeout=0.2)
@@ -367,13 +389,17 @@ def _await_ready(caller, start):
                 if start.pinning:
                     _pinned(start)
                 start.ready_s = time.monotonic() - start.began
-                logger.info("rank %s: the prewarmed NVRx checkpoint worker (pid %s%s) is "
-                            "ready after %.2f s (%.2f GiB of host memory pinned ahead)",
-                            _monitor.rank(), process.pid,
-                            "" if start.standby is None else ", forked from the standby",
-                            start.ready_s, start.pinned_bytes / _cleanup.GIB)
+                logger.info(
+                    "rank %s: the prewarmed NVRx checkpoint worker (pid %s%s) is "
+                    "ready after %.2f s (%.2f GiB of host memory pinned ahead)",
+                    _monitor.rank(),
+                    process.pid,
+                    "" if start.standby is None else ", forked from the standby",
+                    start.ready_s,
+                    start.pinned_bytes / _cleanup.GIB,
+                )
                 return
-    except Exception as exc:  # noqa: BLE001 its queues were closed under it
+    except (OSError, ValueError, EOFError) as exc:  # its queues were closed under it
         if not start.cancelled:
             _failed(start, f"could not be watched ({type(exc).__name__}: {exc})")
 
@@ -393,11 +419,17 @@ def _pinned(start):
     start.pin_s = report.get("pin_s")
     _cleanup.put(pinned_bytes=start.pinned_bytes)
     if start.pin_error:
-        logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) pinned %.2f of "
-                       "%.2f GiB of host memory ahead of its first save (%s); that save pins the "
-                       "rest as usual (%s=off turns this off)", _monitor.rank(),
-                       start.process.pid, start.pinned_bytes / _cleanup.GIB,
-                       start.pinning / _cleanup.GIB, start.pin_error, _config.PIN)
+        logger.warning(
+            "rank %s: the prewarmed NVRx checkpoint worker (pid %s) pinned %.2f of "
+            "%.2f GiB of host memory ahead of its first save (%s); that save pins the "
+            "rest as usual (%s=off turns this off)",
+            _monitor.rank(),
+            start.process.pid,
+            start.pinned_bytes / _cleanup.GIB,
+            start.pinning / _cleanup.GIB,
+            start.pin_error,
+            _config.PIN,
+        )
 
 
 def _failed(start, why):
@@ -407,12 +439,17 @@ def _failed(start, why):
             return
         start.error = why
         _cleanup.add(prewarm_failures=1)
-    logger.warning("rank %s: the prewarmed NVRx checkpoint worker (pid %s) %s; the next save "
-                   "starts a fresh worker, as without prewarm", _monitor.rank(),
-                   start.process.pid, why)
+    logger.warning(
+        "rank %s: the prewarmed NVRx checkpoint worker (pid %s) %s; the next save "
+        "starts a fresh worker, as without prewarm",
+        _monitor.rank(),
+        start.process.pid,
+        why,
+    )
 
 
 # -- handing over, letting go -----------------------------------------------------------------
+
 
 def take_over(queue):
     """Before a save: wait for the worker prewarmed for ``queue``; let it go if it failed."""
@@ -425,7 +462,7 @@ def take_over(queue):
         if _starts.get(caller) is not start:
             return  # stopped meanwhile
         del _starts[caller]
-        if start.error is None and _alive(start.process):
+        if start.error is None and _workers.alive(start.process):
             return  # ready: this save takes it
         _unusable(caller, start)
     _let_go(queue, caller, start)
@@ -435,8 +472,10 @@ def _unusable(caller, start):
     """``start``'s worker cannot take a save: make sure that was reported."""
     if start.error is None:
         code = _monitor.exitcode(start.process, settle=0.5)
-        _failed(start, "died after it was ready, before its first save "
-                       f"({_workers.describe_exit(code)})")
+        _failed(
+            start,
+            f"died after it was ready, before its first save ({_workers.describe_exit(code)})",
+        )
 
 
 def _let_go(queue, caller, start):
@@ -445,7 +484,7 @@ def _let_go(queue, caller, start):
     if start is not None:
         start.cancelled = True
     process = caller.process
-    if _alive(process):
+    if _workers.alive(process):
         process.terminate()
         process.join(5.0)
         if process.exitcode is None:
@@ -462,13 +501,6 @@ def _let_go(queue, caller, start):
     _shapes.empty_slot(core, caller)
 
 
-def _at_exit():
-    """``stop_unused`` at the exit of the process that started the workers, never in a
-    forked child that inherited this handler."""
-    if _exit_pid == os.getpid():
-        stop_unused()
-
-
 def stop_unused():
     """Stop the prewarmed workers no save has used: at exit (one still starting would hold up
     the exit, and NVRx joins a non-daemon worker for ever) and at ``deactivate()`` (without
@@ -477,10 +509,8 @@ def stop_unused():
         unused = list(_starts.items())
         _starts.clear()
     for caller, start in unused:
-        try:
+        with guard(__name__):  # at exit or deactivate(): the others still stop
             _let_go(None, caller, start)
-        except Exception:  # noqa: BLE001 at exit or deactivate(): the others still stop
-            pass
 
 
 _state.on_deactivate(stop_unused)

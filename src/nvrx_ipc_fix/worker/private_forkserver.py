@@ -35,8 +35,11 @@ def unsupported():
     code = getattr(launch, "__code__", None)
     if code is None or code.co_freevars or "forkserver" not in code.co_names:
         return "popen_forkserver.Popen._launch has another shape"
-    missing = [name for name in (*_forkserver.__all__, "_stop")
-               if not callable(getattr(_forkserver.ForkServer, name, None))]
+    missing = [
+        name
+        for name in (*_forkserver.__all__, "_stop")
+        if not callable(getattr(_forkserver.ForkServer, name, None))
+    ]
     if missing:
         return f"multiprocessing.forkserver.ForkServer has no {', '.join(missing)}"
     return None
@@ -54,9 +57,9 @@ class Context(_context.ForkServerContext):
         module = types.SimpleNamespace(**vars(_forkserver))
         for name in _forkserver.__all__:
             setattr(module, name, getattr(self._server, name))
-        self._launch = types.FunctionType(launch.__code__,
-                                          {**launch.__globals__, "forkserver": module},
-                                          launch.__name__)
+        self._launch = types.FunctionType(
+            launch.__code__, {**launch.__globals__, "forkserver": module}, launch.__name__
+        )
 
     @property
     def pid(self):
@@ -70,8 +73,9 @@ class Context(_context.ForkServerContext):
     def stop(self):
         """Let the server go, without waiting: it exits once no process holds it (its
         children that still run do), and a thread reaps it."""
-        threading.Thread(target=_stop, args=(self._server,), daemon=True,
-                         name="nvrx_ipc_fix-forkserver-stop").start()
+        threading.Thread(
+            target=_stop, args=(self._server,), daemon=True, name="nvrx_ipc_fix-forkserver-stop"
+        ).start()
 
     def set_forkserver_preload(self, module_names):
         self._server.set_forkserver_preload(module_names)

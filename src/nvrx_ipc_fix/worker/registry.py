@@ -8,9 +8,7 @@ parent's are forgotten.
 
 from __future__ import annotations
 
-import atexit
 import collections
-import os
 import threading
 import weakref
 from queue import Empty
@@ -47,12 +45,12 @@ class Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback
 
 #: caller -> _CallerState; also the callers at_exit stops
 _callers: weakref.WeakKeyDictionary[Any, _CallerState] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()  # _callers: written by the trainer, the resume and prewarm threads
+#: _callers: written by the trainer, the resume and prewarm threads
+_lock = _fork.renewed(threading.Lock())
 #: Callers whose worker was let go. megatron-core keeps its worker and queues on the class:
 #: no other caller may reach them through the class (a closed caller's ``__del__`` closes
 #: "its" worker whenever the garbage collector runs).
 _abandoned: weakref.WeakSet[Any] = weakref.WeakSet()
-_exit_pid = None  # the process that registered at_exit (a forked child must not run it)
 #: queue -> no_dist of its last finalize call
 _no_dist: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
@@ -60,8 +58,7 @@ _no_dist: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 def _forget_the_parent():
     """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
     (``worker.inherited``, which finds the others), and the watch keeps no record of them."""
-    global _callers, _abandoned, _lock
-    _lock = threading.Lock()  # the parent's may be held by a thread this child does not have
+    global _callers, _abandoned
     inherited.forget(list(_callers))
     _callers, _abandoned = weakref.WeakKeyDictionary(), weakref.WeakSet()
 
@@ -70,14 +67,11 @@ _fork.in_child(_forget_the_parent, f"{CORE}:PersistentAsyncCaller.close")
 
 
 def state(caller):
-    global _exit_pid
     with _lock:
         state = _callers.get(caller)
         if state is None:
             state = _callers[caller] = _CallerState()
-            if _exit_pid != os.getpid():
-                _exit_pid = os.getpid()
-                atexit.register(at_exit)
+            _fork.at_exit(at_exit)
     return state
 
 
@@ -87,23 +81,23 @@ def at_exit():
     daemonic ones: ask every worker nobody closed to stop after its current request, and
     forget it, so NVRx's own close from ``__del__`` later has nothing to wait on. Nothing
     is finalized (that would take collectives)."""
-    if _exit_pid != os.getpid():
-        return
     with _lock:
         callers = list(_callers.items())
     for caller, state in callers:
         process = _monitor.started_process(process_of(caller))
         if process is None or state.death is not None:
             continue
-        try:
-            if process.exitcode is None:
-                queues_of(caller)[0].put("DONE")
-        except Exception:  # noqa: BLE001 a dead worker's queue: nothing to tell it
-            pass
+        requests = queues_of(caller)[0]
+        if requests is not None and alive(process):
+            try:
+                requests.put("DONE")
+            except (OSError, ValueError):  # a closed queue: nothing to tell it
+                pass
         forget_process(caller, process)
 
 
 # -- the two implementations (``shapes``), as the watch sees them -------------------------------
+
 
 def process_of(caller):
     """The caller's worker process (None for one whose worker was let go); its status is read
@@ -122,11 +116,19 @@ def queues_of(caller):
 
 
 def dead(process):
+    """Has ``process`` (a ``multiprocessing`` process, or None) started, and exited?"""
     process = _monitor.started_process(process)
     return process is not None and process.exitcode is not None
 
 
+def alive(process):
+    """Has ``process`` (a ``multiprocessing`` process, or None) started, and not exited?"""
+    process = _monitor.started_process(process)
+    return process is not None and process.exitcode is None
+
+
 # -- wrappers -------------------------------------------------------------------------------
+
 
 def finalized_with(queue, no_dist):
     """Note the ``no_dist`` of a ``maybe_finalize_async_calls`` call on ``queue``."""
@@ -166,12 +168,12 @@ def abandon(caller):
             try:
                 q.cancel_join_thread()
                 q.close()
-            except Exception:  # noqa: BLE001 a dead worker's queue: closed as far as it goes
+            except (OSError, ValueError, AttributeError):  # closed as far as it goes
                 pass
     if _monitor.started_process(process) is not None:
         try:
             process.join(1.0)
-        except Exception:  # noqa: BLE001 a dead worker's process: forgotten all the same
+        except (AssertionError, ValueError, OSError):  # forgotten all the same
             pass
     forget_process(caller, process)
     if _cleanup.cached_key_count():

@@ -34,7 +34,7 @@ from queue import Empty
 from ..core import cleanup as _cleanup, config as _config, dispatch as _dispatch
 from ..core import shapes as _shapes
 from ..core.detect import CORE
-from ..core.errors import STOP, add_note, annotate, deliver
+from ..core.errors import STOP, add_note, deliver, shown_with
 from ..core.log import logger
 from . import prewarm as _prewarm, registry as _workers, standby as _standby, suspend as _suspend
 
@@ -64,18 +64,30 @@ class ReleaseReport:
 
     def summary(self) -> str:
         """The one INFO line, in the units users think in."""
-        worker = ("worker suspended" if self.worker_suspended else
-                  "worker kept" if self.worker_kept else
-                  "worker terminated" if self.worker_terminated else "no worker")
-        freed = (f"freed {self.freed_bytes / _cleanup.GIB:.2f} GiB on this device"
-                 if self.freed_bytes >= 1 << 20 else
-                 "the model's blocks are freed as the trainer drops its tensors")
-        after = {"restart": "; prewarm() starts the next",
-                 "suspend": "; prewarm() or the next save resumes it"}.get(self.strategy, "")
+        worker = (
+            "worker suspended"
+            if self.worker_suspended
+            else "worker kept"
+            if self.worker_kept
+            else "worker terminated"
+            if self.worker_terminated
+            else "no worker"
+        )
+        freed = (
+            f"freed {self.freed_bytes / _cleanup.GIB:.2f} GiB on this device"
+            if self.freed_bytes >= 1 << 20
+            else "the model's blocks are freed as the trainer drops its tensors"
+        )
+        after = {
+            "restart": "; prewarm() starts the next",
+            "suspend": "; prewarm() or the next save resumes it",
+        }.get(self.strategy, "")
         if self.pin_bytes:
             after += f", which pins {self.pin_bytes / _cleanup.GIB:.2f} GiB of host memory ahead"
-        return (f"released the NVRx checkpoint worker's IPC mappings ({self.strategy}, "
-                f"{self.seconds:.2f} s, {worker}{after}); {freed}")
+        return (
+            f"released the NVRx checkpoint worker's IPC mappings ({self.strategy}, "
+            f"{self.seconds:.2f} s, {worker}{after}); {freed}"
+        )
 
 
 def check_strategy(strategy):
@@ -86,8 +98,9 @@ def check_strategy(strategy):
     return name
 
 
-def release(queue: Any = None, *, strategy: str | None = None,
-            timeout: float | None = None) -> ReleaseReport:
+def release(
+    queue: Any = None, *, strategy: str | None = None, timeout: float | None = None
+) -> ReleaseReport:
     """Free the GPU memory the NVRx worker holds through CUDA IPC (docs/release.md).
 
     ``queue``: an NVRx ``AsyncCallsQueue``; ``None`` finds the live ones (weakly).
@@ -109,8 +122,9 @@ def release(queue: Any = None, *, strategy: str | None = None,
 
 
 @contextmanager
-def offloading(queue: Any = None, *, strategy: str | None = None,
-               timeout: float | None = None) -> Iterator[ReleaseReport]:
+def offloading(
+    queue: Any = None, *, strategy: str | None = None, timeout: float | None = None
+) -> Iterator[ReleaseReport]:
     """``with offloading():`` releases first, for code that moves model or optimizer storage;
     the block's normal exit resumes a suspended worker, or with ``restart`` starts the next
     (``prewarm``). A failed checkpoint that the release finalized is raised when the block has
@@ -121,23 +135,16 @@ def offloading(queue: Any = None, *, strategy: str | None = None,
     def after():
         onload(strategy, queue)
 
-    try:
+    with shown_with(failure):
         yield report
-    except BaseException as exc:
-        if failure is not None:
-            annotate(exc, failure)
-        raise
     deliver(failure, after)
 
 
 def _arguments(queue, strategy, timeout):
     """``(strategy, timeout)`` checked and defaulted; ``queue`` checked."""
     strategy = check_strategy(_config.strategy() if strategy is None else strategy)
-    timeout = (_config.release_timeout() if timeout is None
-               else _config.seconds(timeout, "timeout"))
-    if queue is not None and not callable(getattr(queue, "maybe_finalize_async_calls", None)):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
+    timeout = _config.release_timeout() if timeout is None else _config.seconds(timeout, "timeout")
+    _shapes.check_queue(queue)
     return strategy, timeout
 
 
@@ -162,8 +169,7 @@ def holds_ipc(queue) -> bool:
 
 def has_live_worker(queue) -> bool:
     """Is this queue's persistent worker running?"""
-    worker = _workers.process_of(_shapes.caller_of(queue))
-    return worker is not None and worker.is_alive()
+    return _workers.alive(_workers.process_of(_shapes.caller_of(queue)))
 
 
 def saved_since_release(queue) -> bool:
@@ -182,20 +188,25 @@ def released(queue, strategy, timeout):
     try:
         with _dispatch.planning.releasing_region(timeout):  # else RuntimeError, nothing released
             report = _release(queue, strategy, timeout, held)
-    except Exception as defect:
+    except Exception as defect:  # noqa: BLE001 re-raised, unless NVRx's failure is held
         if not held:
             raise
         from ..core.log import hook_failed
 
-        add_note(held[0], f"nvrx_ipc_fix: the release that finalized this save then failed "
-                          f"itself ({type(defect).__name__}: {defect})")
+        add_note(
+            held[0],
+            f"nvrx_ipc_fix: the release that finalized this save then failed "
+            f"itself ({type(defect).__name__}: {defect})",
+        )
         hook_failed(f"{__name__}:release", defect)
         report = None
     finally:
         _local.depth -= 1
     for other in held[1:]:
-        add_note(held[0], f"nvrx_ipc_fix: NVRx raised again in the same release: "
-                          f"{type(other).__name__}: {other}")
+        add_note(
+            held[0],
+            f"nvrx_ipc_fix: NVRx raised again in the same release: {type(other).__name__}: {other}",
+        )
     return report, (held[0] if held else None)
 
 
@@ -218,7 +229,8 @@ def _finalize(queue):
     that saves, NVRx's all-reduce runs on that thread's device (``dispatch.device_of``)."""
     with _dispatch.device_of(queue):
         return queue.maybe_finalize_async_calls(
-            blocking=True, no_dist=_workers.finalize_no_dist(queue))
+            blocking=True, no_dist=_workers.finalize_no_dist(queue)
+        )
 
 
 @dataclass
@@ -247,13 +259,14 @@ def _release(queue, strategy, timeout, held):
     core = sys.modules.get(CORE)
     trainer_cache = _shapes.worker_data_cache(core)  # the sync path's
     if trainer_cache is None:
-        why = ("NVRx is not imported" if _shapes.worker_cache(core) is None else
-               "this NVRx has no worker cache")
-        return ReleaseReport(strategy, 0, time.perf_counter() - start, 0, False, False, 0,
-                             (f"all: {why}",))
-    if queue is not None and not isinstance(queue, core.AsyncCallsQueue):
-        raise TypeError(f"queue must be an NVRx AsyncCallsQueue or None, not "
-                        f"{type(queue).__name__}")
+        why = (
+            "NVRx is not imported"
+            if _shapes.worker_cache(core) is None
+            else "this NVRx has no worker cache"
+        )
+        return ReleaseReport(
+            strategy, 0, time.perf_counter() - start, 0, False, False, 0, (f"all: {why}",)
+        )
     queues = [queue] if queue is not None else _shapes.live_queues(core)
     keys = _cleanup.cached_key_count() + len(trainer_cache)
     tally = _Tally(held)
@@ -273,12 +286,22 @@ def _release(queue, strategy, timeout, held):
     else:  # nothing was held: no cleanup to run (or count), only the guard's records to drop
         _cleanup.forget_keys()
     freed = (cleaned.freed_bytes or 0) if cleaned is not None else 0
-    pin = (sum(_prewarm.planned_pin_bytes(q) for q in queues) if strategy == "restart" else 0)
+    pin = sum(_prewarm.planned_pin_bytes(q) for q in queues) if strategy == "restart" else 0
     if strategy == "restart" and _prewarm.unavailable(core) is None:
         _standby.start()  # inference follows: the next worker's imports happen meanwhile
-    report = ReleaseReport(strategy, freed, time.perf_counter() - start, tally.released,
-                           tally.kept, tally.terminated, keys, tuple(tally.skipped),
-                           "; ".join(tally.errors) or None, pin, tally.suspended)
+    report = ReleaseReport(
+        strategy,
+        freed,
+        time.perf_counter() - start,
+        tally.released,
+        tally.kept,
+        tally.terminated,
+        keys,
+        tuple(tally.skipped),
+        "; ".join(tally.errors) or None,
+        pin,
+        tally.suspended,
+    )
     if report.error:
         from ..core.log import warn_once
 
@@ -298,8 +321,9 @@ def _release_queue(q, strategy, timeout, tally):
         return
     if _suspend.suspended(q):
         if strategy in ("flush", "suspend"):
-            tally.skipped.append(f"{label}: its worker is suspended: nothing of it is on the "
-                                 "device")
+            tally.skipped.append(
+                f"{label}: its worker is suspended: nothing of it is on the device"
+            )
             return
         _suspend.ready(q)  # terminate, restart: back to running, then closed
     if q.get_num_unfinalized_calls():
@@ -352,8 +376,9 @@ def _flush(q, timeout, tally):
 def _flush_and_suspend(q, timeout, tally):
     """``suspend``: flush, then suspend the worker through the CUDA driver; one that could
     not be suspended was ended, and the onload starts the next."""
-    error = _flush(q, timeout, tally) or _suspend.suspend(q, _shapes.caller_of(q), timeout,
-                                                          tally.held)
+    error = _flush(q, timeout, tally) or _suspend.suspend(
+        q, _shapes.caller_of(q), timeout, tally.held
+    )
     if error:
         _suspend.mark_ended(q)
     else:
@@ -362,8 +387,7 @@ def _flush_and_suspend(q, timeout, tally):
 
 
 #: Each strategy's step on a live worker (``release()``'s docs: ``docs/release.md``).
-_STEPS = {"flush": _flush, "terminate": _close, "restart": _close,
-          "suspend": _flush_and_suspend}
+_STEPS = {"flush": _flush, "terminate": _close, "restart": _close, "suspend": _flush_and_suspend}
 
 
 def onload(strategy, queue=None):
@@ -376,8 +400,9 @@ def onload(strategy, queue=None):
         _prewarm.start(queue)
     elif strategy == "suspend":
         core = sys.modules.get(CORE)
-        queues = ([queue] if queue is not None else
-                  _shapes.live_queues(core) if core is not None else [])
+        queues = (
+            [queue] if queue is not None else _shapes.live_queues(core) if core is not None else []
+        )
         for q in queues:
             if _suspend.ended(q):
                 _prewarm.start(q)
@@ -396,14 +421,14 @@ def run_in_worker(queue, function, args, timeout):
     requests, _, completions = _shapes.worker_queues(caller)
     answered = False
     try:
-        requests.put(_shapes.request(sys.modules[type(caller).__module__], function, args,
-                                     _workers.SENTINEL))
+        requests.put(
+            _shapes.request(sys.modules[type(caller).__module__], function, args, _workers.SENTINEL)
+        )
         error, answered = _answer(completions, _workers.process_of(caller), timeout)
         return error
     finally:
         if not answered and _dispatch.abort_met(queue) is None:  # else that abort let it go
-            process = _workers.process_of(caller)
-            if process is not None and process.is_alive():
+            if _workers.alive(_workers.process_of(caller)):
                 queue.close(abort=True)  # the worker watch wakes it for NVRx 0.7.0's
             else:
                 _workers.abandon(caller)
@@ -421,7 +446,7 @@ def _answer(completions, process, timeout):
         try:
             done = completions.get(timeout=min(left, 0.2))
         except Empty:
-            if process is not None and process.exitcode is not None:
+            if _workers.dead(process):
                 return f"the worker died ({_workers.describe_exit(process.exitcode)})", False
             continue
         if done == _workers.SENTINEL:

@@ -33,11 +33,11 @@ from contextlib import contextmanager
 
 from ..core import config as _config, fork as _fork, log as _log, state as _state
 from ..core.detect import CORE
-from ..core.log import hook_failed, logger
+from ..core.log import guard, logger
 from ..core.status import STANDBY_NOT_STARTED
 from . import guardian as _guardian, private_forkserver
 from .inside import WORKER_IMPORTS
-from .monitor import stat_fields
+from .guardian_process import alive
 
 _ROOM = __name__.rsplit(".", 1)[0]
 #: What the standby imports ahead (``__main__`` is not: each worker imports it, as spawned).
@@ -58,7 +58,7 @@ class _Standby:
         self.error = None  # why it never got ready
 
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 _standby = None  # the current _Standby (a failed one too, until the environment changes)
 _why = STANDBY_NOT_STARTED  # why none serves, for status()
 _forks = 0  # workers forked from a standby
@@ -66,26 +66,12 @@ _deaths = 0
 _replaced = 0  # standbys replaced because the environment changed
 
 
-def _alive(pid):
-    """Is ``pid`` a process that has not exited (a zombie has)?"""
-    try:
-        return stat_fields(pid)[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except OSError:
-            return False
-
-
 def start():
     """At a ``restart`` release: start the standby in a thread if none serves, or replace one
     whose environment changed; never blocks, never raises (a defect here warns once, and
     NVRx spawns the workers)."""
-    try:
+    with guard(__name__):  # NVRx spawns, as without it
         _start()
-    except Exception as exc:  # noqa: BLE001 the package's defect: NVRx spawns, as without it
-        hook_failed(__name__, exc)
 
 
 def _start():
@@ -95,36 +81,43 @@ def _start():
         return
     with _lock:
         current = _standby
-        if current is not None and current.error is None and not _alive(current.pid):
+        if current is not None and current.error is None and not alive(current.pid):
             _died()
         elif current is not None and dict(os.environ) == current.environ:
             return  # serving, getting ready, or failed in this very environment
         elif current is not None and current.error is None:
             current.context.stop()
             _replaced += 1
-            logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is replaced: "
-                        "the environment changed since it started", current.pid)
+            logger.info(
+                "nvrx_ipc_fix: the standby for restart's workers (pid %s) is replaced: "
+                "the environment changed since it started",
+                current.pid,
+            )
         unsupported = private_forkserver.unsupported()
         if unsupported is not None:
             _standby = None
             _why = f"this Python's multiprocessing has another shape ({unsupported})"
-            _log.warn(f"nvrx_ipc_fix: no standby for restart's workers: {_why}; NVRx spawns "
-                         "them", ("standby", "shape"))
+            _log.warn(
+                f"nvrx_ipc_fix: no standby for restart's workers: {_why}; NVRx spawns them",
+                ("standby", "shape"),
+            )
             return
         preload = [*PRELOAD, *(m for m in WORKER_IMPORTS if m not in PRELOAD)]
         try:
             context = private_forkserver.Context([*preload, PROBE])
             context.start()
             _guardian.guard(context.pid)  # with it, whatever it forked
-        except Exception as exc:  # noqa: BLE001 no forkserver here: NVRx spawns
+        except (OSError, EOFError, RuntimeError, ValueError) as exc:  # no forkserver: NVRx spawns
             _standby, _why = None, f"could not start ({type(exc).__name__}: {exc})"
-            logger.warning("nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns "
-                           "them", _why)
+            logger.warning(
+                "nvrx_ipc_fix: the standby for restart's workers %s; NVRx spawns them", _why
+            )
             return
         _standby = _Standby(context, dict(os.environ))
         _why = f"starting (pid {_standby.pid})"
-        threading.Thread(target=_probe, args=(_standby, preload), daemon=True,
-                         name="nvrx_ipc_fix-standby").start()
+        threading.Thread(
+            target=_probe, args=(_standby, preload), daemon=True, name="nvrx_ipc_fix-standby"
+        ).start()
 
 
 def _probe(standby, preload):
@@ -134,7 +127,7 @@ def _probe(standby, preload):
     global _why
     try:
         fit, found = _check(standby.context, preload)
-    except Exception as exc:  # noqa: BLE001 the probe's failure: the standby is unfit, NVRx spawns
+    except (OSError, EOFError, RuntimeError, ValueError) as exc:  # unfit: NVRx spawns
         fit, found = False, f"its probe failed: {type(exc).__name__}: {exc}"
     with _lock:
         current = _standby is standby
@@ -149,11 +142,18 @@ def _probe(standby, preload):
     if not current:  # replaced, or dead, meanwhile: logged where that happened
         return
     if fit:
-        logger.info("nvrx_ipc_fix: the standby for restart's workers (pid %s) is ready: %s",
-                    standby.pid, found)
+        logger.info(
+            "nvrx_ipc_fix: the standby for restart's workers (pid %s) is ready: %s",
+            standby.pid,
+            found,
+        )
     else:
-        logger.warning("nvrx_ipc_fix: the standby for restart's workers (pid %s) failed to "
-                       "start (%s); NVRx spawns them", standby.pid, found)
+        logger.warning(
+            "nvrx_ipc_fix: the standby for restart's workers (pid %s) failed to "
+            "start (%s); NVRx spawns them",
+            standby.pid,
+            found,
+        )
 
 
 def _check(context, preload):
@@ -162,8 +162,12 @@ def _check(context, preload):
     from .standby_probe import report
 
     reader, writer = context.Pipe(duplex=False)
-    probe = context.Process(target=report, args=(writer, [*preload, PROBE]), daemon=True,
-                            name="nvrx_ipc_fix-standby-probe")
+    probe = context.Process(
+        target=report,
+        args=(writer, [*preload, PROBE]),
+        daemon=True,
+        name="nvrx_ipc_fix-standby-probe",
+    )
     probe.start()
     writer.close()
     try:
@@ -192,9 +196,11 @@ def _died():
     global _standby, _why, _deaths
     _deaths += 1
     _why = f"the standby (pid {_standby.pid}) died; the next restart release starts another"
-    logger.warning("nvrx_ipc_fix: the standby for restart's workers (pid %s) died; NVRx spawns "
-                   "the next worker, and the next restart release starts another standby",
-                   _standby.pid)
+    logger.warning(
+        "nvrx_ipc_fix: the standby for restart's workers (pid %s) died; NVRx spawns "
+        "the next worker, and the next restart release starts another standby",
+        _standby.pid,
+    )
     _standby.context.stop()  # reaps it
     _standby = None
 
@@ -205,13 +211,15 @@ def _usable():
     standby = _standby
     if standby is None or not standby.ready.is_set():
         return None
-    if not _alive(standby.pid):
+    if not alive(standby.pid):
         _died()
         return None
     if dict(os.environ) != standby.environ:
-        _why = (f"ready (pid {standby.pid}), but not used: the environment changed since it "
-                "started, and its workers would inherit the old one; the next restart "
-                "release replaces it")
+        _why = (
+            f"ready (pid {standby.pid}), but not used: the environment changed since it "
+            "started, and its workers would inherit the old one; the next restart "
+            "release replaces it"
+        )
         return None
     return standby
 
@@ -221,10 +229,9 @@ def starting(core):
     """Around NVRx's ``_start_worker`` in ``prewarming``: yields the standby's pid if the
     worker is forked from it, else None (NVRx spawns it)."""
     with _lock:
-        try:
+        with guard(__name__) as it:
             standby = _usable() if _config.standby() else None
-        except Exception as exc:  # noqa: BLE001 the package's defect: NVRx spawns, as without it
-            hook_failed(__name__, exc)
+        if it.failed:  # NVRx spawns, as without it
             standby = None
         real = getattr(core, "mp", None)
         if standby is None or not callable(getattr(real, "get_context", None)):
@@ -243,17 +250,17 @@ def starting(core):
 @_state.on_status("standby")
 def describe():
     """For ``status()``: the standby's state, its forks, deaths and replacements."""
-    replaced = (f"; {_replaced} replaced (the environment changed since it started)"
-                if _replaced else "")
-    return (f"{_why}; {_forks} worker(s) forked from a standby; {_deaths} standby "
-            f"death(s){replaced}")
+    replaced = (
+        f"; {_replaced} replaced (the environment changed since it started)" if _replaced else ""
+    )
+    return f"{_why}; {_forks} worker(s) forked from a standby; {_deaths} standby death(s){replaced}"
 
 
 def _forget():
     """In a child of ``os.fork()``, or at ``reset()``: no standby is ours (a child cannot use
     its parent's server: it is not the child's child)."""
-    global _lock, _standby, _why, _forks, _deaths, _replaced
-    _lock, _standby, _forks, _deaths, _replaced = threading.Lock(), None, 0, 0, 0
+    global _standby, _why, _forks, _deaths, _replaced
+    _standby, _forks, _deaths, _replaced = None, 0, 0, 0
     _why = STANDBY_NOT_STARTED
 
 

@@ -21,6 +21,11 @@ def report(answer, modules):
     it had initialized CUDA, and which of ``modules`` it had not imported (all of them if this
     module was not among them)."""
     preloaded = SERVER == os.getppid()
-    answer.send({"threads": THREADS, "cuda": CUDA,
-                 "missing": [m for m in modules if not preloaded or m not in IMPORTED]})
+    answer.send(
+        {
+            "threads": THREADS,
+            "cuda": CUDA,
+            "missing": [m for m in modules if not preloaded or m not in IMPORTED],
+        }
+    )
     answer.close()

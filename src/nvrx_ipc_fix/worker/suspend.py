@@ -22,8 +22,6 @@ watch raises it from the next save's finalize.
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
 import threading
 import time
@@ -59,7 +57,7 @@ class _Suspension:
         self.resumed = threading.Event()
 
 
-_lock = threading.Lock()
+_lock = _fork.renewed(threading.Lock())
 _suspended: dict[int, _Suspension] = {}  # pid -> _Suspension, until resumed
 #: queues whose worker a failed suspend or resume ended
 _ended: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -69,7 +67,6 @@ _counts = {"suspends": 0, "resumes": 0}
 #: The last suspend's and resume's timings: ``pid``, ``checkpoint_s`` (lock and checkpoint),
 #: ``restore_s`` (restore and unlock), ``resumed_at`` (``time.perf_counter()``).
 last: dict[str, float] = {}
-_exit_pid = None
 
 
 def unavailable():
@@ -94,8 +91,10 @@ def unavailable():
 
 def _fix_missing():
     """Why the fix that resumes a suspended worker is not in place, or None."""
-    if not all(_state.installed("suspend", attr) for attr in (
-            "AsyncCallsQueue.schedule_async_request", "PersistentAsyncCaller.close")):
+    if not all(
+        _state.installed("suspend", attr)
+        for attr in ("AsyncCallsQueue.schedule_async_request", "PersistentAsyncCaller.close")
+    ):
         return FIX_NOT_ACTIVE
     return None
 
@@ -127,8 +126,10 @@ def automatic_release():
     if why is not None:
         return f"restart: suspend is not used here ({why})"
     if _driver is not None:
-        return (f"suspend: the CUDA driver's process checkpoint API works here (driver API "
-                f"{_driver.version()})")
+        return (
+            f"suspend: the CUDA driver's process checkpoint API works here (driver API "
+            f"{_driver.version()})"
+        )
     from ..core.status import SUSPEND_NOT_PROBED  # status()'s types: loaded when it is asked
 
     return SUSPEND_NOT_PROBED
@@ -167,38 +168,45 @@ def suspend(queue, caller, timeout, held=None):
     why not, the worker then closed or killed (``queue``'s next save starts a fresh one) and
     ``suspend`` off in this process. What NVRx's close raises then goes to ``held`` (the
     release's: raised by its caller once the release is done), else it is raised."""
-    global _exit_pid
     process = caller.process
     pid, began = process.pid, time.monotonic()
     deadline = began + timeout
+    settled = False
     try:
         state = _driver.state(pid, _left(deadline))
         if state != _cc.RUNNING:
-            raise _cc.DriverError(f"its CUDA state is {_cc.STATES.get(state, state)}, not "
-                                  f"running:", state)
+            raise _cc.DriverError(
+                f"its CUDA state is {_cc.STATES.get(state, state)}, not running:", state
+            )
         _driver.lock(pid, min(LOCK_TIMEOUT, _left(deadline)))
         _driver.checkpoint(pid, _left(deadline))
+        settled = True
     except (_cc.DriverError, _cc.Timeout) as exc:
+        settled = True
         if process.exitcode is not None:  # a worker death: the watch reports it at the next save
-            return (f"the checkpoint worker (pid {pid}) died during its suspend "
-                    f"({_workers.describe_exit(process.exitcode)})")
+            return (
+                f"the checkpoint worker (pid {pid}) died during its suspend "
+                f"({_workers.describe_exit(process.exitcode)})"
+            )
         why = f"the suspend of the checkpoint worker (pid {pid}) failed ({exc})"
         # a call past its deadline may still lock the worker later: never close it then
         _end(queue, caller, process, why, undo=not isinstance(exc, _cc.Timeout), held=held)
         return why
-    except BaseException:  # interrupted: its state is unknown, and no one resumes it
-        _finish(queue, caller, process, undo=False)
-        raise
+    finally:
+        if not settled:  # interrupted: its state is unknown, and no one resumes it
+            _finish(queue, caller, process, undo=False)
     with _lock:
         _suspended[pid] = _Suspension(queue, caller, process)
         _counts["suspends"] += 1
         last.clear()
         last.update(pid=pid, checkpoint_s=time.monotonic() - began)
-        if _exit_pid != os.getpid():
-            _exit_pid = os.getpid()
-            atexit.register(_at_exit)
-    logger.info("suspended the NVRx checkpoint worker (pid %s) in %.2f s: nothing of it is on "
-                "the device until it resumes", pid, time.monotonic() - began)
+    _fork.at_exit(resume, None, True)
+    logger.info(
+        "suspended the NVRx checkpoint worker (pid %s) in %.2f s: nothing of it is on "
+        "the device until it resumes",
+        pid,
+        time.monotonic() - began,
+    )
     return None
 
 
@@ -214,19 +222,27 @@ def ready(queue=None, caller=None):
     """Before ``queue``'s worker (or ``caller``'s) is given anything: resume it in line, or
     wait for its resume in the background."""
     with _lock:
-        found = [s for s in _suspended.values()
-                 if (caller is not None and s.caller is caller)
-                 or (queue is not None and s.queue() is queue)]
+        found = [
+            s
+            for s in _suspended.values()
+            if (caller is not None and s.caller is caller)
+            or (queue is not None and s.queue() is queue)
+        ]
     try:
         _resuming(found, wait=True)
-    except Exception as exc:  # noqa: BLE001 the package's own defect: no worker may stay suspended
+    except RuntimeError as exc:  # no thread to resume in: no worker may stay suspended
         for s in found:
             if s.thread is None:  # its resume could not start: end it, as a failed resume
                 with _lock:
                     _suspended.pop(s.process.pid, None)
-                _end(s.queue(), s.caller, s.process, f"the resume of the checkpoint worker "
-                     f"(pid {s.process.pid}) could not run ({type(exc).__name__}: {exc})",
-                     undo=False)
+                _end(
+                    s.queue(),
+                    s.caller,
+                    s.process,
+                    f"the resume of the checkpoint worker "
+                    f"(pid {s.process.pid}) could not run ({type(exc).__name__}: {exc})",
+                    undo=False,
+                )
                 s.resumed.set()
 
 
@@ -237,8 +253,9 @@ def _resuming(suspensions, wait):
     with _lock:
         for s in suspensions:
             if s.thread is None:
-                thread = threading.Thread(target=_resume, args=(s, timeout), daemon=True,
-                                          name="nvrx_ipc_fix-resume")
+                thread = threading.Thread(
+                    target=_resume, args=(s, timeout), daemon=True, name="nvrx_ipc_fix-resume"
+                )
                 thread.start()
                 s.thread = thread
     if wait:
@@ -261,19 +278,31 @@ def _resume(s, timeout):
         failed = exc
     try:  # still suspended for ``ready``, which waits for ``resumed``, until it is ended
         if process.exitcode is not None:
-            logger.warning("the NVRx checkpoint worker (pid %s) died while suspended (%s); "
-                           "its queue's next save reports it", pid,
-                           _workers.describe_exit(process.exitcode))
+            logger.warning(
+                "the NVRx checkpoint worker (pid %s) died while suspended (%s); "
+                "its queue's next save reports it",
+                pid,
+                _workers.describe_exit(process.exitcode),
+            )
         elif failed is not None:
-            _end(s.queue(), s.caller, process,
-                 f"the resume of the checkpoint worker (pid {pid}) failed ({failed})", undo=False)
+            _end(
+                s.queue(),
+                s.caller,
+                process,
+                f"the resume of the checkpoint worker (pid {pid}) failed ({failed})",
+                undo=False,
+            )
         else:
             restore_s = time.monotonic() - began
             with _lock:
                 _counts["resumes"] += 1
                 last.update(pid=pid, restore_s=restore_s, resumed_at=time.perf_counter())
-            logger.info("resumed the NVRx checkpoint worker (pid %s) in %.2f s, %.2f s after "
-                        "its suspend", pid, restore_s, time.monotonic() - s.began)
+            logger.info(
+                "resumed the NVRx checkpoint worker (pid %s) in %.2f s, %.2f s after its suspend",
+                pid,
+                restore_s,
+                time.monotonic() - s.began,
+            )
     finally:
         with _lock:
             _suspended.pop(pid, None)
@@ -288,8 +317,10 @@ def _end(queue, caller, process, why, undo, held=None):
     try:
         _why = f"{why}; the worker was {_finish(queue, caller, process, undo, held)}"
     finally:
-        message = (f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
-                   f"automatic release uses restart from now on")
+        message = (
+            f"nvrx_ipc_fix: {_why}. Its queue's next save starts a fresh worker; the "
+            f"automatic release uses restart from now on"
+        )
         logger.warning("%s", message)
         _log.warn(message, ("suspend", "failed"))
 
@@ -315,7 +346,7 @@ def _finish(queue, caller, process, undo, held=None):
         if how == "closed" and queue is not None:
             try:
                 queue.close()
-            except BaseException as failure:  # NVRx's: not the package's to catch
+            except BaseException as failure:  # noqa: BLE001 NVRx's: not the package's to catch
                 if held is None or isinstance(failure, STOP):
                     raise
                 held.append(failure)
@@ -341,19 +372,16 @@ def _left(deadline):
 @_state.on_status("suspend")
 def describe():
     """For ``status()``: the automatic release's strategy in force and why; the counts."""
-    return (f"{automatic_release()}; {_counts['suspends']} suspend(s), {_counts['resumes']} "
-            f"resume(s), {len(_suspended)} suspended now")
-
-
-def _at_exit():
-    if _exit_pid == os.getpid():
-        resume(wait=True)
+    return (
+        f"{automatic_release()}; {_counts['suspends']} suspend(s), {_counts['resumes']} "
+        f"resume(s), {len(_suspended)} suspended now"
+    )
 
 
 def _forget():
     """In a child of ``os.fork()``, or at ``reset()``: no worker is suspended by us."""
-    global _lock, _suspended, _ended, _driver, _why
-    _lock, _suspended, _ended = threading.Lock(), {}, weakref.WeakSet()
+    global _suspended, _ended, _driver, _why
+    _suspended, _ended = {}, weakref.WeakSet()
     _driver = _why = None
     _counts.update(suspends=0, resumes=0)
     last.clear()

@@ -19,7 +19,7 @@ import weakref
 from queue import Empty
 
 from ..core import shapes as _shapes
-from ..core.log import hook_failed
+from ..core.log import guard
 from . import registry as _registry
 
 #: Seconds to wait for the item NVRx put on the preload queue just before the request (it
@@ -39,7 +39,7 @@ class _Unsent:
     def __call__(self, error, request):
         """In the feeder thread; it must not raise (the thread would end, and every later
         request with it)."""
-        try:
+        with guard("nvrx_ipc_fix.worker.unsent"):  # the feeder thread must not end
             caller = self.caller()
             if caller is None:
                 return
@@ -52,8 +52,6 @@ class _Unsent:
                 except Empty:  # left in the pipe: the next request's preload takes it
                     pass
                 preloads.task_done()
-        except Exception as exc:  # noqa: BLE001 the feeder thread must not end
-            hook_failed("nvrx_ipc_fix.worker.unsent", exc)
 
 
 def watch(caller):

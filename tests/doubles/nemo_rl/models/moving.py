@@ -7,7 +7,10 @@ class Moving:
     def _move(self, device, params=True, grads=True, optimizer=None):
         """``optimizer``: also move the optimizer (True), or if that flag is set (a name)."""
         self.model = self.move_model(self.model, device, move_params=params, move_grads=grads)
-        if (optimizer and getattr(self, "optimizer", None) is not None
-                and not self.optimizer_cpu_offload
-                and (optimizer is True or getattr(self, optimizer))):
+        if (
+            optimizer
+            and getattr(self, "optimizer", None) is not None
+            and not self.optimizer_cpu_offload
+            and (optimizer is True or getattr(self, optimizer))
+        ):
             self.move_optimizer(device)

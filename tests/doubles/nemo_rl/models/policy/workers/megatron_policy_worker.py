@@ -45,15 +45,24 @@ class MegatronPolicyWorkerImpl(Moving):
     def _requires_nvrx_cuda_cache_release(self):
         ckpt = self.mcore_state.cfg.checkpoint
         colocated = (self.cfg.get("generation") or {}).get("colocated") or {}
-        return bool(ckpt.async_save and ckpt.use_persistent_ckpt_worker
-                    and ckpt.ckpt_assume_constant_structure
-                    and not ckpt.async_ckpt_use_cpu_shm and colocated.get("enabled"))
+        return bool(
+            ckpt.async_save
+            and ckpt.use_persistent_ckpt_worker
+            and ckpt.ckpt_assume_constant_structure
+            and not ckpt.async_ckpt_use_cpu_shm
+            and colocated.get("enabled")
+        )
 
     def finalize_async_save(self):
-        release = bool(self._async_checkpoint_cuda_cache_active
-                       and self._requires_nvrx_cuda_cache_release())
-        maybe_finalize_async_save(self.mcore_state, ckpt_cfg=self.mcore_state.cfg.checkpoint,
-                                  blocking=True, terminate=release)
+        release = bool(
+            self._async_checkpoint_cuda_cache_active and self._requires_nvrx_cuda_cache_release()
+        )
+        maybe_finalize_async_save(
+            self.mcore_state,
+            ckpt_cfg=self.mcore_state.cfg.checkpoint,
+            blocking=True,
+            terminate=release,
+        )
         if release:
             FileSystemWriterAsync.cleanup_tensor_caches()
             torch.cuda.ipc_collect()
