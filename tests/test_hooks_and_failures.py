@@ -146,6 +146,7 @@ def test_the_guard_warns_once_records_the_reason_and_lets_a_checkpoint_failure_t
     assert result["through"][3] not in (None, "KeyError"), result  # NVRx's own, as raised
 
 
+@needs_cache
 def test_failing_cleanup_leaves_close_working_and_reports_error():
     """One WARNING on the package logger and one RuntimeWarning (shown by default),
     attributed to the user's call, however often the hook fails."""
