@@ -399,9 +399,12 @@ def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
         pid = os.fork()
         done.set()
         if pid == 0:
+            manager = None
             try:
+                manager = multiprocessing.get_context("fork").Manager()
+
                 class Writer:
-                    results_queue = multiprocessing.get_context("fork").Manager().Queue()
+                    results_queue = manager.Queue()
 
                 writer = Writer()
                 own_results.prepare_write_data_wrapper(lambda: None, writer, (), {})
@@ -414,6 +417,8 @@ def test_a_forked_child_makes_its_own_queues_and_leaves_the_parent_s():
             except BaseException as exc:
                 os.write(tell, json.dumps([repr(exc), None]).encode())
             finally:
+                if manager is not None:  # the test's own: os._exit runs no exit handler
+                    manager.shutdown()
                 os._exit(0)
         deadline = time.monotonic() + 60
         while not os.waitpid(pid, os.WNOHANG)[0]:
