@@ -7,6 +7,8 @@ its first send, and the memory it leaves, or a shared block the trainer drops, c
 next tensor born: NVRx 0.7.0 then takes that tensor for the one its worker cached and writes
 the old values (seen with two queues and saves in flight, 2 runs in 10)."""
 
+import importlib.util
+
 import pytest
 
 from conftest import expect, needs_nvrx, run_python, scenario
@@ -83,6 +85,9 @@ SENT = """
 
 
 @pytest.mark.once  # the stand-in's own behaviour: the same with any NVRx
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed (the nonvrx envs)"
+)
 def test_a_sent_tensor_stays_put_and_its_memory_is_kept_while_a_receiver_maps_it():
     """16 tensors sent to a process: not moved by the send; the values the trainer writes
     after it are read there; dropped by the trainer, none of their memory is taken by 64 new
