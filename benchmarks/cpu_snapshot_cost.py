@@ -1,27 +1,35 @@
-"""What ``cpu_snapshot`` costs a save of CPU tensors, against NVRx 0.7.0's own copy of them:
-the time the save blocks and the trainer's peak host memory during it.
+"""What ``cpu_snapshot`` costs a save of CPU tensors, side by side with NVRx alone, with NVRx
+0.7.0's own copy and with a plain copy of the same tensors: the time the save blocks and the
+growth of the trainer's peak host memory during it.
 
     python benchmarks/cpu_snapshot_cost.py --nvrx060 $ENV060/bin/python \\
-        --nvrx070 $ENV070/bin/python [--sizes 16M,1G,8G] [--rounds 3] [--saves 2]
+        --nvrx070 $ENV070/bin/python [--sizes 256M,1G,4G] [--rounds 3] [--saves 3]
 
-For each size, four cases, each in a fresh interpreter of the env named, with this
-checkout's ``src`` first on its path: NVRx 0.6.0 without the package (the worker writes the
-trainer's own tensors: torn, the baseline), with the package but ``cpu_snapshot`` named off
-(what the other fixes cost), with the package (``cpu_snapshot`` copies them), and NVRx 0.7.0
-without it (NVRx copies them itself; with the package the fix stands aside). A
-case is one trainer rank (gloo), NVRx's persistent worker (``cpu_shm_mode``: no CUDA here),
-a state of 16 CPU tensors of ``size / 16`` and Adam's scalar ``step``, one save to start the
-worker, then ``--saves`` saves, each finalized before the next. The cases take turns, round
-after round (``--rounds``), so that a change of the machine's load meets each alike; the
-summary of a case is the median over all its saves. For each save it measures the
-planning (``save_state_dict_async_plan``: ``prepare_write_data``, where the copy is made), the
-schedule (``schedule_async_request``: NVRx's queue moves what it sends into shared memory, a
-copy of a tensor that is not there yet, and the worker takes the request) and the growth of
-the trainer's peak resident memory over the save (``VmHWM``, reset before each save through
-``/proc/self/clear_refs``): its private copies and the shared-memory pages it writes. A size
-that does not fit the memory available now (about three times the size, and 2 GiB more) is
-skipped and said so. Prints a JSON line per case and round (``"round"``), then one per case
-with the medians.
+Each case runs in a fresh interpreter of the env named, with this checkout's ``src`` first on
+its path. A case is one trainer rank (gloo), a state of 16 CPU tensors of ``size / 16`` and
+Adam's scalar ``step``, one save to start things, then ``--saves`` saves, each finalized
+before the next, the state changed in place after each schedule. The cases:
+
+* ``persistent``: NVRx's persistent worker (``cpu_shm_mode``: no CUDA here), where a save
+  can tear: NVRx 0.6.0 without the package (the worker writes the trainer's own tensors:
+  torn, the baseline), with it (``cpu_snapshot`` copies them into shared memory it keeps
+  for the next save), and NVRx 0.7.0 alone (it clones them in its planning) and with the
+  package (which stands aside there);
+* ``forked``: ``AsyncCallsQueue(persistent=False)``, a process forked per save, which sees
+  the trainer's memory as at the fork: NVRx 0.6.0 without and with the package;
+* ``sync``: the same request run in the trainer (``AsyncRequest.execute_sync``): NVRx 0.6.0
+  without and with the package;
+* ``plain copy``: no NVRx: the same tensors copied into shared memory allocated once and
+  reused, the least a snapshot can cost.
+
+The cases take turns, round after round (``--rounds``), so that a change of the machine's
+load meets each alike; the summary of a case is the median over all its saves. For each save
+it measures the time blocked (planning and schedule, or the whole synchronous save), of it the
+planning (``plan_s``: NVRx 0.7.0 clones there) and the fix's own copy (``copy_s``), and the
+growth of the trainer's peak resident memory over the save (``VmHWM``, reset before each save
+through ``/proc/self/clear_refs``). A size that does not fit the memory available now (about
+three times the size, and 2 GiB more) is skipped and said so. Prints a JSON line per case and
+round (``"round"``), then one per case with the medians.
 """
 
 import argparse
@@ -34,12 +42,17 @@ import sys
 import time
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-#: (case, env, NVRX_IPC_FIX_DISABLE)
+#: (case, env, NVRX_IPC_FIX_DISABLE, how the save runs)
 CASES = (
-    ("0.6.0 without the package", "nvrx060", "1"),
-    ("0.6.0, the package but cpu_snapshot", "nvrx060", "cpu_snapshot"),
-    ("0.6.0 with the package", "nvrx060", ""),
-    ("0.7.0 (its own copy)", "nvrx070", "1"),
+    ("persistent, 0.6.0 without the package", "nvrx060", "1", "persistent"),
+    ("persistent, 0.6.0 with the package", "nvrx060", "", "persistent"),
+    ("persistent, 0.7.0 (its own copy)", "nvrx070", "1", "persistent"),
+    ("persistent, 0.7.0 with the package", "nvrx070", "", "persistent"),
+    ("forked, 0.6.0 without the package", "nvrx060", "1", "forked"),
+    ("forked, 0.6.0 with the package", "nvrx060", "", "forked"),
+    ("sync, 0.6.0 without the package", "nvrx060", "1", "sync"),
+    ("sync, 0.6.0 with the package", "nvrx060", "", "sync"),
+    ("plain copy into kept shared memory", "nvrx060", "1", "plain"),
 )
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -60,73 +73,107 @@ def status_kib(name):
         return next(int(line.split()[1]) for line in status if line.startswith(name + ":"))
 
 
-def one_case(size, saves, tensors=16):
-    """Run in the child: one trainer, its saves; the measures as a dict."""
+def one_case(size, saves, how, tensors=16):
+    """Run in the child: one trainer, its saves (``how``: ``CASES``); the measures as a dict."""
     import tempfile
     from functools import partial
 
     import torch
     from torch.distributed.checkpoint import DefaultSavePlanner
 
+    numel = size // tensors // 4
+    state = {f"exp_avg{i}": torch.full((numel,), float(i)) for i in range(tensors)}
+    state["step"] = torch.tensor(1.0)
+
+    spent = {"plan_s": 0.0, "copy_s": 0.0}  # of the save being measured
+
+    def measured(run):
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # the peak resident memory starts again from now
+        spent.update(plan_s=0.0, copy_s=0.0)
+        before, start = status_kib("VmRSS"), time.perf_counter()
+        run()
+        blocked, peak = time.perf_counter() - start, status_kib("VmHWM")
+        with torch.no_grad():
+            for tensor in state.values():
+                tensor.add_(1.0)  # the next step, as the loop this is for takes it
+        return {"blocked_s": blocked, **spent, "peak_growth_mib": (peak - before) / 1024}
+
+    def timed(key, function):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - start
+
+        return run
+
+    if how == "plain":
+        kept = [torch.empty_like(t).share_memory_() for t in state.values()]
+
+        def copy():
+            with torch.no_grad():
+                for target, tensor in zip(kept, state.values()):
+                    target.copy_(tensor)
+
+        copy = timed("copy_s", copy)
+        return {"saves": [measured(copy) for _ in range(saves + 1)][1:], "fix": "-"}
+
     from nvrx_ipc_fix.cli import driver
+    from nvrx_ipc_fix.fixes import cpu_snapshot
+
+    cpu_snapshot._snapshot = timed("copy_s", cpu_snapshot._snapshot)  # the fix's own copy
     from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async as fs
     from nvidia_resiliency_ext.checkpointing.async_ckpt import state_dict_saver as saver
 
     directory = tempfile.mkdtemp(prefix="cpu-snapshot-cost-")
     trainer = driver.Trainer(directory, 1, 1, cached=False)  # its group, queue, CUDA stand-in
-    numel = size // tensors // 4
-    state = {f"exp_avg{i}": torch.full((numel,), float(i)) for i in range(tensors)}
-    state["step"] = torch.tensor(1.0)
+    queue = trainer.queue
+    if how != "persistent":
+        queue.close()
+        queue = trainer.core.AsyncCallsQueue(persistent=False)
 
     def save(index):
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")  # the peak resident memory starts again from now
-        before = status_kib("VmRSS")
-        start = time.perf_counter()
         path = os.path.join(directory, f"ckpt{index}")
-        writer, metadata, dist_wrapper = saver.save_state_dict_async_plan(
-            dict(state), fs.FileSystemWriterAsync(path), None, planner=DefaultSavePlanner()
-        )
-        planned = time.perf_counter()
-        save_fn, preload_fn, args = writer.get_save_function_and_args()
-        finalize = partial(saver.save_state_dict_async_finalize, writer, metadata, dist_wrapper)
-        trainer.queue.schedule_async_request(
-            trainer.core.AsyncRequest(save_fn, args, [finalize], preload_fn=preload_fn)
-        )
-        scheduled = time.perf_counter()
-        peak = status_kib("VmHWM")
-        with torch.no_grad():
-            for tensor in state.values():
-                tensor.add_(1.0)  # the next step, as the loop this is for takes it
-        trainer.queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
+
+        def run():
+            writer, metadata, dist_wrapper = timed("plan_s", saver.save_state_dict_async_plan)(
+                dict(state), fs.FileSystemWriterAsync(path), None, planner=DefaultSavePlanner()
+            )
+            save_fn, preload_fn, args = writer.get_save_function_and_args()
+            finalize = partial(saver.save_state_dict_async_finalize, writer, metadata, dist_wrapper)
+            request = trainer.core.AsyncRequest(save_fn, args, [finalize], preload_fn=preload_fn)
+            if how == "sync":
+                request.execute_sync()
+            else:
+                queue.schedule_async_request(request)
+
+        result = measured(run)
+        queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
         shutil.rmtree(path, ignore_errors=True)
-        return {
-            "plan_s": planned - start,
-            "schedule_s": scheduled - planned,
-            "blocked_s": scheduled - start,
-            "peak_growth_mib": (peak - before) / 1024,
-        }
+        return result
 
     save(0)  # starts the worker
-    measured = [save(i) for i in range(1, saves + 1)]
+    results = [save(i) for i in range(1, saves + 1)]
+    queue.close()
     trainer.close()
     from nvrx_ipc_fix import status
 
-    return {"saves": measured, "fix": str(status().fix("cpu_snapshot").state)}
+    return {"saves": results, "fix": str(status().fix("cpu_snapshot").state)}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--nvrx060", required=True, help="the python of an NVRx 0.6.0 env")
     parser.add_argument("--nvrx070", required=True, help="the python of an NVRx 0.7.0 env")
-    parser.add_argument("--sizes", default="16M,1G,8G")
+    parser.add_argument("--sizes", default="256M,1G,4G")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--saves", type=int, default=2)
+    parser.add_argument("--saves", type=int, default=3)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        size, saves = json.loads(args.child)
-        print(json.dumps(one_case(size, saves)))
+        print(json.dumps(one_case(*json.loads(args.child))))
         return
     pythons = {"nvrx060": args.nvrx060, "nvrx070": args.nvrx070}
     for text in args.sizes.split(","):
@@ -146,10 +193,10 @@ def main():
                 flush=True,
             )
             continue
-        saves = {name: [] for name, _, _ in CASES}
+        saves = {name: [] for name, *_ in CASES}
         for turn in range(args.rounds):
-            for name, env, disable in CASES:
-                result = run_case(pythons[env], disable, size, args.saves)
+            for name, env, disable, how in CASES:
+                result = run_case(pythons[env], disable, [size, args.saves, how])
                 saves[name] += result["saves"]
                 print(json.dumps({"size": text, "case": name, "round": turn, **result}), flush=True)
         for name, measured in saves.items():
@@ -169,7 +216,7 @@ def main():
             )
 
 
-def run_case(python, disable, size, saves):
+def run_case(python, disable, child):
     """One case in a fresh interpreter: ``NVRX_IPC_FIX_DISABLE=disable``, this checkout's
     ``src`` first on the path."""
     env = dict(
@@ -188,7 +235,7 @@ def run_case(python, disable, size, saves):
             "--nvrx070",
             "-",
             "--child",
-            json.dumps([size, saves]),
+            json.dumps(child),
         ],
         env=env,
         check=True,

@@ -15,6 +15,7 @@ import json
 import pytest
 
 from conftest import EXPECT, MCORE, NVRX, needs_nvrx, run_python
+from nvrx_ipc_fix.core.status import SNAPSHOT_NONE
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
@@ -71,6 +72,16 @@ SAVES = """
     def value(version, i):
         return float(version * 1000 + i)
 
+    copied, sent_at = [], []  # per save: CPU tensors sent that are not the trainer's; where
+
+    def sent_cpu(writer):
+        \"\"\"The CPU tensors a save hands the worker afresh (outside the worker's cache).\"\"\"
+        if hasattr(writer, "uncached_tensor_data"):
+            sent = (writer.uncached_tensor_data or ((), ()))[1]
+        else:
+            sent = [t for _, _, (_, tensors) in writer.write_buckets or () for _, t in tensors]
+        return [t for t in sent if t.device.type == "cpu"]
+
     def save(state, version):
         \"\"\"Set every tensor to its values of ``version``, plan and schedule its save, whose
         write waits for the file ``gate`` (opened by ``step``).\"\"\"
@@ -87,6 +98,10 @@ SAVES = """
         queue.schedule_async_request(made.core.AsyncRequest(
             partial(gates.gated, gate, path + ".done", save_fn), args, [finalize],
             preload_fn=preload_fn))
+        own = {t.untyped_storage().data_ptr() for t in state.values() if t.device.type == "cpu"}
+        sent = [t.untyped_storage().data_ptr() for t in sent_cpu(writer)]
+        copied.append(sum(ptr not in own for ptr in sent))
+        sent_at.append(sorted(sent))
         return path, gate
 
     def step(state, gate):
@@ -116,10 +131,13 @@ ONE_SAVE = (
         step(state, gate)
         queue.maybe_finalize_async_calls(blocking=True, no_dist=True)
         out.append(wrong(state, path, version))
+    kept = nvrx_ipc_fix.status().snapshot
     queue.close()
     fix = nvrx_ipc_fix.status().fix("cpu_snapshot")
     print(json.dumps({"wrong": out, "state": str(fix.state), "reason": fix.reason,
-                      "warnings": [w for w in caught if w]}))
+                      "warnings": [w for w in caught if w], "copied": copied,
+                      "reused": sent_at[1] == sent_at[2] == sent_at[0], "kept": kept,
+                      "closed": nvrx_ipc_fix.status().snapshot}))
 """
 )
 
@@ -181,6 +199,22 @@ def test_a_cpu_tensor_changed_right_after_the_schedule_is_saved_as_scheduled(fix
         assert report["warnings"] == [], report
 
 
+@pytest.mark.skipif(UPSTREAM, reason=f"NVRx {NVRX} copies CPU tensors itself: the fix is off")
+@pytest.mark.parametrize("keep", ["on", "off"])
+def test_a_worker_s_next_save_copies_into_the_memory_kept_for_it(keep):
+    """Each save is finalized before the next: the second and third copy into the shared
+    memory of the first (no new pages), which is let go at the close; with
+    ``NVRX_IPC_FIX_SNAPSHOT_KEEP=off`` each save copies into new memory, none is kept."""
+    report = saves(ONE_SAVE, True, {"NVRX_IPC_FIX_SNAPSHOT_KEEP": keep}, count=17)
+    assert torn(report) == 0 and report["copied"] == [17, 17, 17], report
+    assert report["closed"] == SNAPSHOT_NONE, report
+    if keep == "on":
+        assert report["reused"] and report["kept"].endswith("in 1 set(s) of copies"), report
+        assert not report["kept"].startswith("0.0 MiB"), report
+    else:
+        assert report["kept"] == SNAPSHOT_NONE, report
+
+
 def test_the_fix_named_off():
     """``NVRX_IPC_FIX_DISABLE=cpu_snapshot``: the rest of the package on, this fix off."""
     report = saves(ONE_SAVE, True, {"NVRX_IPC_FIX_DISABLE": "cpu_snapshot"}, count=17)
@@ -226,6 +260,8 @@ def test_a_queue_that_forks_a_process_per_save(fix, shared):
     worker, or by the user) are shared with that process too: torn without the copy."""
     report = saves(ONE_SAVE, fix, count=17, persistent=False, shared=shared)
     assert torn(report) == (3 if shared and not (fix or UPSTREAM) else 0), report
+    # what is copied: by NVRx 0.7.0 every CPU tensor; by the fix only those it shares
+    assert report["copied"] == [17 if UPSTREAM or (fix and shared) else 0] * 3, report
 
 
 needs_mcore = pytest.mark.skipif(
@@ -250,10 +286,11 @@ CALLS = """
     nvrx_ipc_fix.deactivate()  # the wrapper is called by hand below
     from nvrx_ipc_fix.fixes import cpu_snapshot
     from nvrx_ipc_fix.cli import fakecuda
-    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async as fs
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import core, filesystem_async as fs
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     fakecuda.install()
     W = fs.FileSystemWriterAsync
+    queue = core.AsyncCallsQueue(persistent=True)  # no worker: its schedule is not called
 
     base = torch.arange(8.0)
     state = {
@@ -297,6 +334,7 @@ CALLS = """
 
         calls.append(0)
         cpu_snapshot.prepare_write_data_wrapper(nvrx, writer, (plan, planner), {})
+        cpu_snapshot.schedule_wrapper(lambda *args, **kwargs: None, queue, (), {})
         sent = outgoing(writer)
         plain = lambda t: t.detach().as_subclass(torch.Tensor)
         return {fqn: [sent[fqn] is not nvrx_sent[fqn],  # copied by the fix

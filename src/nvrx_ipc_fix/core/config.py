@@ -60,6 +60,11 @@ PIN = "NVRX_IPC_FIX_PIN"
 #: at the onload (``worker.standby``). ``off`` (also ``0``, ``false``, ``no``, ``never``,
 #: ``none``): NVRx spawns each worker, which imports torch and NVRx itself.
 STANDBY = "NVRX_IPC_FIX_STANDBY"
+#: ``on`` (default; also ``1``, ``true``, ``yes``): ``cpu_snapshot`` keeps the shared memory
+#: it copied a save's CPU tensors into for the worker's next save of the same tensors.
+#: ``off`` (also ``0``, ``false``, ``no``, ``never``, ``none``): each save copies into new
+#: shared memory, freed once the worker is done with it.
+SNAPSHOT_KEEP = "NVRX_IPC_FIX_SNAPSHOT_KEEP"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -277,6 +282,15 @@ SETTINGS = (
             else "off: NVRx spawns each worker"
         ),
     ),
+    Setting(
+        SNAPSHOT_KEEP,
+        _parse_on,
+        lambda v: (
+            "on: a save's CPU copies are kept for the next save"
+            if v
+            else "off: each save copies its CPU tensors into new shared memory"
+        ),
+    ),
 )
 
 
@@ -353,6 +367,11 @@ def pin_ahead():
 def standby():
     """Is restart's next worker forked from the standby (``NVRX_IPC_FIX_STANDBY``)?"""
     return _read(STANDBY, _parse_on)
+
+
+def snapshot_keep():
+    """Does ``cpu_snapshot`` keep its copies for the next save (``NVRX_IPC_FIX_SNAPSHOT_KEEP``)?"""
+    return _read(SNAPSHOT_KEEP, _parse_on)
 
 
 def prewarm_at_start():

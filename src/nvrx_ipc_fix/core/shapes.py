@@ -157,9 +157,19 @@ def cpu_snapshots(fs):
             "neither in uncached_tensor_data nor in write_buckets"
         )
     return "active", (
-        "a save's CPU tensors are copied as its planning ends (this version "
-        "sends the trainer's own, which the worker writes later)"
+        "a save's CPU tensors are copied at its schedule on a persistent worker (this "
+        "version sends the trainer's own, which the worker writes later)"
     )
+
+
+def persistent_queue(module):
+    """NVRx core or megatron-core async_utils: can a queue have a persistent worker, which
+    ``cpu_snapshot`` copies a save's CPU tensors for?"""
+    if module is None:
+        return None
+    if not hasattr(module, "PersistentAsyncCaller") or not hasattr(module, "AsyncCallsQueue"):
+        return "not_applicable", "this version has no persistent checkpoint worker"
+    return "active", "a save's CPU tensors are copied at its schedule on a persistent worker"
 
 
 def _codes(function):

@@ -8,6 +8,8 @@ import enum
 
 #: ``Status.standby`` before any ``restart`` release (``worker.standby``).
 STANDBY_NOT_STARTED = "not started: no restart release yet"
+#: ``Status.snapshot`` before ``cpu_snapshot`` kept any copies (``fixes.cpu_snapshot``).
+SNAPSHOT_NONE = "0.0 MiB of shared memory kept in 0 set(s) of copies"
 #: ``Status.guardian`` before the first process to guard (``worker.guardian``).
 GUARDIAN_NOT_STARTED = "not started: no process to guard yet"
 #: The automatic release's strategy before the CUDA driver is probed (``worker.suspend``'s
@@ -117,6 +119,8 @@ class Status:
     #: The guardian (``worker.guardian``): its pid and how many live processes it guards, which
     #: it kills with their descendants if this process dies first; or why none runs.
     guardian: str = GUARDIAN_NOT_STARTED
+    #: The shared memory ``cpu_snapshot`` keeps for the next save (``fixes.cpu_snapshot``).
+    snapshot: str = SNAPSHOT_NONE
     #: Distribution -> installed version, for each one newer than the newest version the
     #: package was tested with (``nvidia-resiliency-ext`` 0.7.0, ``megatron-core`` 0.19.2).
     untested: dict = dataclasses.field(default_factory=dict)
@@ -203,6 +207,7 @@ class Status:
             ("automatic release", self.suspend),
             ("peers", self.peers),
             ("guardian", self.guardian),
+            ("cpu snapshot", self.snapshot),
         ):
             lines += _wrapped("", f"{name}: {value}")
         return "\n".join(lines)

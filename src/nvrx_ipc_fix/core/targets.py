@@ -46,6 +46,7 @@ def _probe(name):
     caller_queues,
     cpu_snapshots,
     nvrx_worker_cache,
+    persistent_queue,
     persistent_worker,
     shared_results,
     warm_up,
@@ -59,6 +60,7 @@ def _probe(name):
         "caller_queues",
         "cpu_snapshots",
         "nvrx_worker_cache",
+        "persistent_queue",
         "persistent_worker",
         "shared_results",
         "warm_up",
@@ -153,7 +155,7 @@ CLOSE = "close"
 def _watch_calls(module, fix):
     """The worker watch's calls in one implementation (NVRx core, megatron-core's copy)."""
     return (
-        Call(module, "AsyncCallsQueue.schedule_async_request", (fix,), SCHEDULE),
+        Call(module, "AsyncCallsQueue.schedule_async_request", ("cpu_snapshot", fix), SCHEDULE),
         Call(module, "AsyncCallsQueue.maybe_finalize_async_calls", (fix,), QUEUE),
         Call(module, "PersistentAsyncCaller.is_current_async_call_done", (fix,)),
         Call(module, "AsyncCaller.sync_all_async_calls", (fix,)),
@@ -190,12 +192,13 @@ CALLS = {
         Call(CORE, "AsyncCallsQueue.__init__", ("prewarm",)),
         # the request queue says when it could not send a request (worker_watch)
         Call(CORE, "PersistentAsyncCaller.__init__", ("worker_watch",)),
-        # the worker runs again (suspend) and a prewarmed one is ready (prewarm) before the save
-        # is handed over, watched (worker_watch), all under the queue's lock
+        # the worker runs again (suspend) and a prewarmed one is ready (prewarm) before the save's
+        # CPU tensors are copied (cpu_snapshot) and it is handed over, watched (worker_watch), all
+        # under the queue's lock
         Call(
             CORE,
             "AsyncCallsQueue.schedule_async_request",
-            ("suspend", "prewarm", "worker_watch"),
+            ("suspend", "prewarm", "cpu_snapshot", "worker_watch"),
             SCHEDULE,
         ),
         Call(CORE, "AsyncCallsQueue.maybe_finalize_async_calls", ("worker_watch",), QUEUE),
@@ -210,8 +213,8 @@ CALLS = {
         ),  # in the worker
         # the planned key stays valid until the schedule (clear_on_close), around the re-send of
         # moved storage (stale_guard); the save's own results queue replaces NVRx's shared one as
-        # soon as NVRx's method has set it (own_results); the CPU tensors NVRx sends as the
-        # planner gave them are copied as soon as it returns (cpu_snapshot)
+        # soon as NVRx's method has set it (own_results); the storage of each tensor the planner
+        # gives is noted for the copy at the schedule (cpu_snapshot)
         Call(
             FS,
             "FileSystemWriterAsync.prepare_write_data",
@@ -370,6 +373,20 @@ TARGETS = (
                 cpu_snapshots,
             )
             for module in (FS, MCORE_FS)
+        ),
+        # the copy itself, at a schedule on a persistent worker; optional: the writer's target
+        # says whether the fix applies (a save noted there is copied here)
+        *(
+            Target(
+                "cpu_snapshot",
+                module,
+                "AsyncCallsQueue.schedule_async_request",
+                "fixes.cpu_snapshot:schedule_wrapper",
+                ("self", "async_request"),
+                persistent_queue,
+                optional=True,
+            )
+            for module in (CORE, MCORE_ASYNC)
         ),
         Target(
             "prewarm",
