@@ -3,7 +3,8 @@
 growth of the trainer's peak host memory during it.
 
     python benchmarks/cpu_snapshot_cost.py --nvrx060 $ENV060/bin/python \\
-        --nvrx070 $ENV070/bin/python [--sizes 256M,1G,4G] [--rounds 3] [--saves 3]
+        --nvrx070 $ENV070/bin/python [--sizes 256M,1G,4G] [--rounds 3] [--saves 3] \\
+        [--cases persistent,plain]
 
 Each case runs in a fresh interpreter of the env named, with this checkout's ``src`` first on
 its path. A case is one trainer rank (gloo), a state of 16 CPU tensors of ``size / 16`` and
@@ -170,12 +171,15 @@ def main():
     parser.add_argument("--sizes", default="256M,1G,4G")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--saves", type=int, default=3)
+    parser.add_argument("--cases", default="", help="only the cases whose name has one of these")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(one_case(*json.loads(args.child))))
         return
     pythons = {"nvrx060": args.nvrx060, "nvrx070": args.nvrx070}
+    wanted = [part for part in args.cases.split(",") if part]
+    cases = [case for case in CASES if not wanted or any(part in case[0] for part in wanted)]
     for text in args.sizes.split(","):
         size = size_of(text)
         needed, available = 3 * size + 2 * 2**30, memory_available()
@@ -193,9 +197,9 @@ def main():
                 flush=True,
             )
             continue
-        saves = {name: [] for name, *_ in CASES}
+        saves = {name: [] for name, *_ in cases}
         for turn in range(args.rounds):
-            for name, env, disable, how in CASES:
+            for name, env, disable, how in cases:
                 result = run_case(pythons[env], disable, [size, args.saves, how])
                 saves[name] += result["saves"]
                 print(json.dumps({"size": text, "case": name, "round": turn, **result}), flush=True)

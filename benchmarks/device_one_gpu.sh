@@ -8,8 +8,10 @@
 #                                              # aborts on CUDA; NVRx's own tests with the
 #                                              # package and with it off; then alone
 #                                              # tests/gpu/test_reliability_gpu.py (9 min)
-#   bash benchmarks/device_one_gpu.sh suspend  # suspend, then flush, at 32 GiB alone, five
-#                                              # cycles each (9.5 min)
+#   bash benchmarks/device_one_gpu.sh suspend16 # suspend, then flush, at 16 GiB (64 tensors)
+#                                               # alone, five cycles each, then the snapshot's
+#                                               # cost on this host (cpu_snapshot_cost.py)
+#   bash benchmarks/device_one_gpu.sh suspend32 # the same at 32 GiB (256 tensors), no snapshot
 # Writes pytest's output and JSON lines to $OUT (8 files at most).
 # PHASE1_S and RELIABILITY_S (seconds) bound the phases where device time is short.
 set -u
@@ -55,11 +57,21 @@ tests)  # phase 1 (about 5 min): what shares the GPU well, both NVRx at once
         (cd tests && PYTHONPATH=/tmp/nvrx-$v timeout ${RELIABILITY_S:-165} python3 -m pytest -q -rA \
             -p no:cacheprovider gpu/test_reliability_gpu.py) >> "$OUT/gpu-reliability.txt" 2>&1
     done ;;
-suspend)  # 32 GiB alone, checkpoints in /dev/shm (the disk holds one): suspend, then flush
+suspend16|suspend32)  # alone, checkpoints in /dev/shm (the disk holds one): suspend, then flush
+    size=${1#suspend}; spec=$([ "$size" = 16 ] && echo 16g64 || echo 32g256)
     for strategy in suspend flush; do
-        TMPDIR=/dev/shm PYTHONPATH=tests:/tmp/nvrx-0.7.0 timeout 285 python3 benchmarks/restart_wait.py \
-            --sizes 32g256 --strategies $strategy --cycles 5 --inference 3 --step 2 \
-            --timeout 200 --label alone --out "$OUT/one-gpu-32g256-nvrx070.jsonl" > /dev/null \
-            2>> "$OUT/err-suspend.txt"
-    done ;;
+        TMPDIR=/dev/shm PYTHONPATH=tests:/tmp/nvrx-0.7.0 timeout ${SUSPEND_S:-285} \
+            python3 benchmarks/restart_wait.py --sizes $spec --strategies $strategy --cycles 5 \
+            --inference 3 --step 2 --timeout 200 --label alone \
+            --out "$OUT/one-gpu-${spec}-nvrx070.jsonl" > /dev/null 2>> "$OUT/err-suspend.txt"
+    done
+    if [ "$size" = 16 ]; then  # the snapshot's cost on this host: its cores, CUDA's torch
+        for v in 060 070; do
+            printf '#!/bin/sh\nPYTHONPATH=/tmp/nvrx-%s:$PYTHONPATH exec python3 "$@"\n' \
+                "${v:0:1}.${v:1:1}.${v:2:1}" > /tmp/py$v && chmod +x /tmp/py$v
+        done
+        timeout ${SNAPSHOT_S:-270} python3 benchmarks/cpu_snapshot_cost.py --nvrx060 /tmp/py060 \
+            --nvrx070 /tmp/py070 --sizes 256M,1G,4G --rounds 1 --saves 3 \
+            --cases persistent,forked,plain > "$OUT/cpu-snapshot-cost.jsonl" 2>> "$OUT/err-suspend.txt"
+    fi ;;
 esac
