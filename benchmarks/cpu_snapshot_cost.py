@@ -21,7 +21,8 @@ before the next, the state changed in place after each schedule. The cases:
 * ``sync``: the same request run in the trainer (``AsyncRequest.execute_sync``): NVRx 0.6.0
   without and with the package;
 * ``plain copy``: no NVRx: the same tensors copied into shared memory allocated once and
-  reused, the least a snapshot can cost.
+  reused, the least a snapshot can cost; and the same where a second process maps that
+  memory too, as a worker that was sent it does.
 
 The cases take turns, round after round (``--rounds``), so that a change of the machine's
 load meets each alike; the summary of a case is the median over all its saves. For each save
@@ -54,6 +55,7 @@ CASES = (
     ("sync, 0.6.0 without the package", "nvrx060", "1", "sync"),
     ("sync, 0.6.0 with the package", "nvrx060", "", "sync"),
     ("plain copy into kept shared memory", "nvrx060", "1", "plain"),
+    ("plain copy, the memory mapped by a second process", "nvrx060", "1", "mapped"),
 )
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -110,8 +112,17 @@ def one_case(size, saves, how, tensors=16):
 
         return run
 
-    if how == "plain":
+    if how in ("plain", "mapped"):
         kept = [torch.empty_like(t).share_memory_() for t in state.values()]
+        if how == "mapped":  # a process that maps the memory (as the worker does) and waits
+            import torch.multiprocessing as mp
+
+            context = mp.get_context("spawn")
+            sent, done = context.Queue(), context.Event()
+            holder = context.Process(target=_hold, args=(sent, done), daemon=True)
+            holder.start()
+            sent.put(kept)
+            done.wait()
 
         def copy():
             with torch.no_grad():
@@ -162,6 +173,14 @@ def one_case(size, saves, how, tensors=16):
     from nvrx_ipc_fix import status
 
     return {"saves": results, "fix": str(status().fix("cpu_snapshot").state)}
+
+
+def _hold(sent, done):
+    """The second process of the ``mapped`` case: it maps the tensors, reads them, waits."""
+    kept = sent.get()
+    sum(float(t.sum()) for t in kept)
+    done.set()
+    time.sleep(3600)
 
 
 def main():

@@ -59,8 +59,10 @@ tests)  # phase 1 (about 5 min): what shares the GPU well, both NVRx at once
     done ;;
 suspend16|suspend32)  # alone, checkpoints in /dev/shm (the disk holds one): suspend, then flush
     size=${1#suspend}; spec=$([ "$size" = 16 ] && echo 16g64 || echo 32g256)
-    for strategy in suspend flush; do
-        TMPDIR=/dev/shm PYTHONPATH=tests:/tmp/nvrx-0.7.0 timeout ${SUSPEND_S:-285} \
+    { cat /proc/sys/kernel/numa_balancing; lscpu | grep -i numa; } >> "$OUT/env.txt" 2>&1
+    for strategy in suspend flush; do  # a line per cycle as it ends, in case a bound cuts it
+        TMPDIR=/dev/shm PYTHONPATH=tests:/tmp/nvrx-0.7.0 timeout ${SUSPEND_S:-255} \
+            env RESTART_WAIT_PARTIAL="$OUT/one-gpu-${spec}-cycles.jsonl" \
             python3 benchmarks/restart_wait.py --sizes $spec --strategies $strategy --cycles 5 \
             --inference 3 --step 2 --timeout 200 --label alone \
             --out "$OUT/one-gpu-${spec}-nvrx070.jsonl" > /dev/null 2>> "$OUT/err-suspend.txt"
@@ -71,7 +73,8 @@ suspend16|suspend32)  # alone, checkpoints in /dev/shm (the disk holds one): sus
                 "${v:0:1}.${v:1:1}.${v:2:1}" > /tmp/py$v && chmod +x /tmp/py$v
         done
         timeout ${SNAPSHOT_S:-270} python3 benchmarks/cpu_snapshot_cost.py --nvrx060 /tmp/py060 \
-            --nvrx070 /tmp/py070 --sizes 256M,1G,4G --rounds 1 --saves 3 \
-            --cases persistent,forked,plain > "$OUT/cpu-snapshot-cost.jsonl" 2>> "$OUT/err-suspend.txt"
+            --nvrx070 /tmp/py070 --sizes ${SNAPSHOT_SIZES:-256M,1G,4G} --rounds 1 --saves 3 \
+            --cases "${SNAPSHOT_CASES:-persistent,forked,plain}" \
+            > "$OUT/cpu-snapshot-cost.jsonl" 2>> "$OUT/err-suspend.txt"
     fi ;;
 esac

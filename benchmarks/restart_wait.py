@@ -17,7 +17,9 @@ blocked (waiting for the worker included), the CPU seconds of every process belo
 trainer (workers, the standby) over the cycle, the workers started and the host memory
 pinned. ``suspend``: how long the suspend (lock, checkpoint) and the resume (restore, unlock)
 took, and when the resumed worker was ready after the onload; ``suspend-inline`` waits for
-the resume at the onload instead of running it beside the step. ``--matmuls N``: the
+the resume at the onload instead of running it beside the step. With
+``RESTART_WAIT_PARTIAL=FILE`` in the environment, each cycle also appends a line to ``FILE``
+as it ends (a run that a bound cuts short keeps those). ``--matmuls N``: the
 training step is N bf16 8192x8192 products on the GPU (its time is reported) instead of a
 sleep of ``--step`` seconds. Every checkpoint is loaded back and compared value by value
 (``stale``); a watchdog reports a hang. Prints and appends one JSON line per case. Without CUDA it
@@ -61,6 +63,16 @@ def child(spec):
 
     cycles = []
     last_cpu = {}
+    blocked = []  # what each save blocked, for the cycles' lines
+    partial = os.environ.get("RESTART_WAIT_PARTIAL")  # a file: a line per cycle as it ends
+    save = scenario.Trainer.save
+
+    def timed_save(self, *args, **kwargs):
+        result = save(self, *args, **kwargs)
+        blocked.append(round(result[0], 4))
+        return result
+
+    scenario.Trainer.save = timed_save
 
     def cpu_since_last():
         now = _descendants_cpu(os.getpid())
@@ -110,7 +122,10 @@ def child(spec):
     def step_done(trainer):  # after the training step (and the save, if any)
         spent = cpu_since_last()
         if cycles:  # else: the baseline, after the first saves
-            cycles[-1]["cpu_s"] = spent
+            cycles[-1].update(cpu_s=spent, save_blocked_s=blocked[-1] if blocked else None)
+            if partial:  # a run cut short by a bound still leaves its cycles
+                with open(partial, "a") as out:
+                    out.write(json.dumps({"spec": spec, "cycle": len(cycles), **cycles[-1]}) + "\n")
 
     def training_step(trainer):  # from the onload to the save
         import torch
