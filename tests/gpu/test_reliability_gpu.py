@@ -6,6 +6,7 @@ forked from the standby after a ``restart`` release and onload, and suspended by
 driver inside a ``suspend`` release (during "inference"). Marked ``gpu``; skipped without
 CUDA."""
 
+import os
 import subprocess
 
 import pytest
@@ -21,7 +22,8 @@ pytestmark = [
     pytest.mark.skipif(not _cuda(), reason="no CUDA device"),
 ]
 
-TENSORS, NUMEL = 16, (2 << 30) // 4 // 16  # a 2 GiB model
+#: a 2 GiB model; NVRX_TESTS_MODEL_BYTES another size (a short device call)
+TENSORS, NUMEL = 16, int(os.environ.get("NVRX_TESTS_MODEL_BYTES", 2 << 30)) // 4 // 16
 STATES = {
     "idle": ["save", "hold"],
     "writing": ["save", "fault-hold-async", "writing", "hold"],
