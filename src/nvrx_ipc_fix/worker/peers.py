@@ -54,8 +54,8 @@ class Group:
 
     __slots__ = ("group", "rank", "world", "key", "said", "first", "missing", "done")
 
-    def __init__(self, group):
-        self.group, self.rank, self.world = weakref.ref(group), group.rank(), group.size()
+    def __init__(self, group, rank, world):
+        self.group, self.rank, self.world = group, rank, world  # group: a weak reference
         self.key = None  # the group's key, once this rank's generation is known
         self.said = False  # this rank's word is in it
         self.first = None  # when a rank was first found missing
@@ -77,8 +77,8 @@ def _current():
         return None
     group = dist.group.WORLD
     with _lock:
-        if _group is None or _group.group() is not group:
-            _group, _why = Group(group), NOT_CHECKED  # a new group starts clean
+        if _group is None or _group.group() is not group:  # a new group starts clean
+            _group, _why = Group(weakref.ref(group), group.rank(), group.size()), NOT_CHECKED
         return _group if _group.world > 1 else None
 
 
@@ -94,11 +94,7 @@ def before():
     if mine is None or mine.said:
         return
     try:
-        store = _store()
-        if mine.key is None:
-            mine.key = f"{PREFIX}{int(store.add(f'{PREFIX}groups/{mine.rank}', 1))}"
-        store.append(mine.key, f"{mine.rank},")
-        mine.said = True
+        say(mine, _store())
     except STORE_ERRORS as exc:  # written again before the next one
         _cannot_tell(mine, exc)
 
@@ -113,29 +109,11 @@ def after():
     if mine.first is not None and now - mine.first < SETTLE_S:
         return
     try:
-        text = _store().get(mine.key).decode()
+        text, warned = hear(mine, _store(), now)
     except STORE_ERRORS as exc:
         _cannot_tell(mine, exc)
         return
-    there = {int(rank) for rank in text.split(",") if rank}
-    mine.missing = tuple(rank for rank in range(mine.world) if rank not in there)
-    if not mine.missing:
-        mine.done = True
-        _said(
-            mine,
-            f"every one of {mine.world} ranks runs the package (checked at the finalize "
-            "all-reduces of a persistent worker)",
-        )
-    elif mine.first is None:
-        mine.first = now
-        _said(
-            mine,
-            f"no word yet from rank(s) {_ranks(mine.missing)} of {mine.world} (read again at "
-            f"a finalize {SETTLE_S:g} s or more later; the failure flag stays out meanwhile)",
-        )
-    else:
-        mine.done = True
-        _named(mine)
+    _said(mine, text, warned)
 
 
 def flag_rides():
@@ -145,15 +123,52 @@ def flag_rides():
     return mine is None or not mine.missing
 
 
+def say(mine, store):
+    """This rank's word in the group's key (its generation counted first)."""
+    if mine.key is None:
+        mine.key = f"{PREFIX}{int(store.add(f'{PREFIX}groups/{mine.rank}', 1))}"
+    store.append(mine.key, f"{mine.rank},")
+    mine.said = True
+
+
+def hear(mine, store, now):
+    """The ranks' words read: what ``status()`` says, and whether it is warned of."""
+    there = {int(rank) for rank in store.get(mine.key).decode().split(",") if rank}
+    mine.missing = tuple(rank for rank in range(mine.world) if rank not in there)
+    if not mine.missing:
+        mine.done = True
+        return (
+            f"every one of {mine.world} ranks runs the package (checked at the finalize "
+            "all-reduces of a persistent worker)",
+            False,
+        )
+    if mine.first is None:
+        mine.first = now
+        return (
+            f"no word yet from rank(s) {_ranks(mine.missing)} of {mine.world} (read again at "
+            f"a finalize {SETTLE_S:g} s or more later; the failure flag stays out meanwhile)",
+            False,
+        )
+    mine.done = True
+    generation = int(mine.key[len(PREFIX) :])
+    try:  # each named rank counted as if it had checked: its key in a later group is the same
+        for rank in mine.missing:
+            old = str(generation - 1) if generation > 1 else ""
+            store.compare_set(f"{PREFIX}groups/{rank}", old, str(generation))
+    except STORE_ERRORS:  # it then lags: named again in a later group, a warning
+        pass
+    return _named(mine, generation), True
+
+
 def _ranks(ranks, shown=16):
     text = ", ".join(map(str, ranks[:shown]))
     return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
-def _named(mine):
-    many, generation = len(mine.missing) > 1, int(mine.key[len(PREFIX) :])
+def _named(mine, generation):
+    many = len(mine.missing) > 1
     them, those = ("them", "those ranks") if many else ("it", "that rank")
-    text = (
+    return (
         f"rank {mine.rank}: rank{'s' if many else ''} {_ranks(mine.missing)} of {mine.world} "
         f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from {them} in the store "
         f"of process group #{generation}, {SETTLE_S:g} s after the first finalize all-reduce "
@@ -162,14 +177,6 @@ def _named(mine):
         "every rank: run `python -m nvrx_ipc_fix doctor` with the interpreter, flags and "
         f"environment of {those} (docs/activation.md)"
     )
-    _said(mine, text, warned=True)
-    try:  # each named rank counted as if it had checked: its key in a later group is the same
-        store = _store()
-        for rank in mine.missing:
-            old = str(generation - 1) if generation > 1 else ""
-            store.compare_set(f"{PREFIX}groups/{rank}", old, str(generation))
-    except STORE_ERRORS:  # it then lags: named again in a later group, a warning
-        pass
 
 
 def _cannot_tell(mine, exc):
@@ -179,7 +186,9 @@ def _cannot_tell(mine, exc):
         "NVRx's behaviour stays",
         warned=True,
     )
-    mine.done = True  # names no one; its own word is still written (before)
+    # names no one, and the flag rides as where every rank runs it; its own word is still
+    # written (before)
+    mine.done, mine.missing = True, ()
 
 
 def _said(mine, text, warned=False):
