@@ -7,9 +7,12 @@ one JSON line.
 (seconds for the whole run: past it the rank reports a hang, where its main thread waits,
 and ends), ``store`` (``"file"``: the process group meets in a file, a new one at each
 ``regroup``; ``"tcp"``: one ``TCPStore`` that rank 0 serves, for every group), ``view``
-(what the package sees of the default store, ``StoreView``: ``{"fail": n, "delay": s}``, or
-``{"gone": true}``: a torch without ``_get_default_store``) and ``stop_on_error`` (the rank
-stops at the first error, as a trainer that does not catch it).
+(what the package sees of the default store, ``StoreView``: ``{"fail": n, "delay": s}``,
+``{"down": s}``: every call fails for ``s`` seconds from the first, or ``{"gone": true}``: a
+torch without ``_get_default_store``), ``stop_on_error`` (the rank stops at the first error,
+as a trainer that does not catch it), ``settle`` (``worker.peers.SETTLE_S``), ``persistent``
+(False: the trainer's queue is NVRx's process per save) and ``reduce`` (``"async"``: NVRx's
+finalize all-reduce returns on the host at once, as NCCL's does: ``HostReturns``).
 
 Steps: ``save`` (planned by every rank of the default group, then a blocking finalize with
 ``no_dist=False``), ``alone`` (planned in a group of this rank alone, finalized with
@@ -18,14 +21,16 @@ rank ``coordinator_rank``, 0, which fails in a group without it, with or without
 package), ``schedule`` and ``finalize`` (``save`` in two),
 ``signal-<name>`` and ``wait-<name>`` (a file in ``dir``: ``wait`` until every other rank
 made it), ``sleep-<s>``, ``regroup`` (``destroy_process_group`` then a new group on the same
-store), ``deactivate`` (the package off from here: this rank runs without it), ``status``.
+store), ``deactivate`` (the package off from here: this rank runs without it), ``activate``
+(on again), ``status``.
 
 The report: every save (``name``: ``save<n>`` or ``alone<n>``, the rank's n-th of the kind;
-its ``error`` if one was raised, and ``loads``: each of this rank's tensors read back from the
-checkpoint holds its value, checked once nothing is pending), every error (``phase``:
-``schedule`` or ``finalize``, its type, first line, text, ``ranks`` and ``finalized`` where it
-has them), ``views`` (the store calls the package made by the end of each step, through
-``StoreView``), ``peers`` (``status().peers`` at each ``status``), and ``hang``.
+its ``error`` if one was raised, ``loads``: each of this rank's tensors read back from the
+checkpoint holds its value, checked once nothing is pending, and each phase's seconds,
+``schedule_s`` and ``finalize_s``), every error (``phase``: ``schedule`` or ``finalize``, its
+type, first line, text, ``ranks`` and ``finalized`` where it has them), ``views`` (the store
+calls the package made by the end of each step, through ``StoreView``), ``peers``
+(``status().peers`` at each ``status``), and ``hang``.
 """
 
 import json
