@@ -52,12 +52,13 @@ STORE_ERRORS = (RuntimeError, OSError, ValueError, AttributeError)
 class Group:
     """What this rank knows of one default process group's check."""
 
-    __slots__ = ("group", "rank", "world", "key", "said", "first", "missing", "done")
+    __slots__ = ("group", "rank", "world", "key", "said", "saying", "first", "missing", "done")
 
     def __init__(self, group, rank, world):
         self.group, self.rank, self.world = group, rank, world  # group: a weak reference
         self.key = None  # the group's key, once this rank's generation is known
         self.said = False  # this rank's word is in it
+        self.saying = False  # a thread is writing it (another finalize's skips it)
         self.first = None  # when a rank was first found missing
         self.missing = ()  # the ranks missing at the last read
         self.done = False  # nothing more to read: all there, named, or cannot tell
@@ -93,10 +94,16 @@ def before():
     mine = _current()
     if mine is None or mine.said:
         return
+    with _lock:  # one thread writes it: the count of groups is added to once
+        if mine.saying:
+            return
+        mine.saying = True
     try:
         say(mine, _store())
     except STORE_ERRORS as exc:  # written again before the next one
         _cannot_tell(mine, exc)
+    finally:
+        mine.saying = False
 
 
 def after():
