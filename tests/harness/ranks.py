@@ -30,7 +30,8 @@ checkpoint holds its value, checked once nothing is pending, and each phase's se
 ``schedule_s`` and ``finalize_s``), every error (``phase``: ``schedule`` or ``finalize``, its
 type, first line, text, ``ranks`` and ``finalized`` where it has them), ``views`` (the store
 calls the package made by the end of each step, through ``StoreView``), ``peers``
-(``status().peers`` at each ``status``), and ``hang``.
+(``status().peers`` at each ``status``), ``flag_rides`` (at each ``status``: may the failure
+flag ride NVRx's all-reduce, ``worker.peers.flag_rides``), and ``hang``.
 """
 
 import json
@@ -140,6 +141,7 @@ class Rank:
             "errors": [],
             "views": [],
             "peers": [],
+            "flag_rides": [],
             "hang": None,
             "step": None,
         }
@@ -301,6 +303,9 @@ class Rank:
             nvrx_ipc_fix.activate()
         elif step == "status":
             self.report["peers"].append(getattr(nvrx_ipc_fix.status(), "peers", None))
+            peers = sys.modules.get("nvrx_ipc_fix.worker.peers")
+            rides = getattr(peers, "flag_rides", None)  # the check before had none
+            self.report["flag_rides"].append(None if rides is None else rides())
         else:
             raise ValueError(f"unknown step {step!r}")
         return False
