@@ -3,13 +3,15 @@
     PYTHONPATH=src python benchmarks/peers_cost.py [--ranks 2,64,1024] [--stores hash,tcp]
 
 The check of one process group, at 2, 64 and 1024 ranks: one thread per rank runs the
-package's own ``say`` and ``verdict`` around a ``threading.Barrier`` that stands in for
-NVRx's finalize all-reduce, over one real torch store (``HashStore``; ``TCPStore``: a server
-in this process, a client per rank), each rank's calls counted by a wrapper. Twice: every
-rank runs the package, and the last rank does not (it only meets the others at the barrier,
-as NVRx's all-reduce). Then the cost of each later finalize all-reduce, the check done: two
-gloo ranks (processes), rank 0 times ``announce()`` and ``check(None, True)``, what
-``sync_wrapper`` adds to each. Prints one JSON line per case. No NVRx is needed.
+package's own ``say`` (before the riding all-reduce) and ``hear`` (after its sum was read)
+around a ``threading.Barrier`` that stands in for NVRx's finalize all-reduce, over one real
+torch store (``HashStore``; ``TCPStore``: a server in this process, a client per rank), each
+rank's calls counted by a wrapper. Twice: every rank runs the package, and the last rank
+does not (it only meets the others at the barriers); there the ranks read again at a second
+all-reduce, as at a finalize ``SETTLE_S`` later (the wait itself is not timed), and name it.
+Then the cost of each later finalize all-reduce, the check done: two gloo ranks
+(processes), rank 0 times ``before()``, ``flag_rides()`` and ``after()``, what ``_sync``
+adds to each. Prints one JSON line per case. No NVRx is needed.
 """
 
 import argparse
@@ -70,14 +72,18 @@ def check(ranks, kind, missing):
     barrier, seconds, verdicts = threading.Barrier(ranks), [None] * ranks, [None] * ranks
 
     def rank(r):
-        turn = peers.Turn(stores[r], r, ranks)
+        mine = peers.Group(None, r, ranks)
         barrier.wait()  # every rank ready: the clock starts together
         started = time.perf_counter()
         if r not in missing:
-            peers.say(turn)
-        barrier.wait()  # NVRx's finalize all-reduce
+            peers.say(mine, stores[r])
+        barrier.wait()  # NVRx's finalize all-reduce, its sum read
         if r not in missing:
-            verdicts[r] = peers.verdict(turn)
+            verdicts[r] = peers.hear(mine, stores[r], 0.0)[0]
+        if missing:  # the read of a finalize SETTLE_S later
+            barrier.wait()
+            if r not in missing:
+                verdicts[r] = peers.hear(mine, stores[r], peers.SETTLE_S)[0]
         seconds[r] = time.perf_counter() - started
 
     threading.stack_size(512 * 1024)
@@ -87,8 +93,7 @@ def check(ranks, kind, missing):
     for thread in threads:
         thread.join()
     calls = [store.calls for store in stores]
-    told = {str(v) for r, v in enumerate(verdicts) if r not in missing}
-    left = int(stores[0].store.add(peers.COUNT, 0)), int(stores[0].store.add(peers.DONE, 0))
+    told = {v.split(" (")[0].split(": ", 1)[-1] for r, v in enumerate(verdicts) if r not in missing}
     del server
     return {
         "case": "check",
@@ -104,7 +109,6 @@ def check(ranks, kind, missing):
         },
         "seconds_max": round(max(seconds), 4),
         "seconds_median": round(statistics.median(seconds), 4),
-        "left_in_store": {"count": left[0], "done": left[1]},
     }
 
 
@@ -115,13 +119,15 @@ def later(path, rank, calls, out):
     from nvrx_ipc_fix.worker import peers
 
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"file://{path}")
-    turn = peers.announce()
-    dist.barrier()  # NVRx's all-reduce
-    peers.check(turn, True)
+    peers.before()
+    dist.barrier()  # NVRx's all-reduce, its sum read
+    peers.after()
     if rank == 0:
 
         def once():
-            peers.check(peers.announce(), True)
+            peers.before()
+            peers.flag_rides()
+            peers.after()
 
         best = min(timeit.repeat(once, number=calls, repeat=5)) / calls
         with open(out, "w") as result:

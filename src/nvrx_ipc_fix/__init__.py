@@ -17,11 +17,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:  # what __getattr__ loads on demand, as type checkers should see it
     from typing import Any
 
-    from .core.errors import (
-        CheckpointWorkerError,
-        PersistentAsyncWorkerError,
-        RanksWithoutPackageError,
-    )
+    from .core.errors import CheckpointWorkerError, PersistentAsyncWorkerError
     from .core.status import FixStatus, State, Status, TargetStatus
     from .ray_hook import ray_runtime_env
     from .worker.prewarm import PrewarmReport, prewarm
@@ -38,7 +34,6 @@ __all__ = [
     "PrewarmReport",
     "CheckpointWorkerError",
     "PersistentAsyncWorkerError",
-    "RanksWithoutPackageError",
     "ray_runtime_env",
     "ray_worker_setup",
     "State",
@@ -59,7 +54,6 @@ _LAZY = {
     "PrewarmReport": "worker.prewarm",
     "CheckpointWorkerError": "core.errors",
     "PersistentAsyncWorkerError": "core.errors",
-    "RanksWithoutPackageError": "core.errors",
     "ray_runtime_env": "ray_hook",
 }
 

@@ -7,9 +7,12 @@ one JSON line.
 (seconds for the whole run: past it the rank reports a hang, where its main thread waits,
 and ends), ``store`` (``"file"``: the process group meets in a file, a new one at each
 ``regroup``; ``"tcp"``: one ``TCPStore`` that rank 0 serves, for every group), ``view``
-(what the package sees of the default store, ``StoreView``: ``{"fail": n, "delay": s}``, or
-``{"gone": true}``: a torch without ``_get_default_store``) and ``stop_on_error`` (the rank
-stops at the first error, as a trainer that does not catch it).
+(what the package sees of the default store, ``StoreView``: ``{"fail": n, "delay": s}``,
+``{"down": s}``: every call fails for ``s`` seconds from the first, or ``{"gone": true}``: a
+torch without ``_get_default_store``), ``stop_on_error`` (the rank stops at the first error,
+as a trainer that does not catch it), ``settle`` (``worker.peers.SETTLE_S``), ``persistent``
+(False: the trainer's queue is NVRx's process per save) and ``reduce`` (``"async"``: NVRx's
+finalize all-reduce returns on the host at once, as NCCL's does: ``HostReturns``).
 
 Steps: ``save`` (planned by every rank of the default group, then a blocking finalize with
 ``no_dist=False``), ``alone`` (planned in a group of this rank alone, finalized with
@@ -18,18 +21,22 @@ rank ``coordinator_rank``, 0, which fails in a group without it, with or without
 package), ``schedule`` and ``finalize`` (``save`` in two),
 ``signal-<name>`` and ``wait-<name>`` (a file in ``dir``: ``wait`` until every other rank
 made it), ``sleep-<s>``, ``regroup`` (``destroy_process_group`` then a new group on the same
-store), ``deactivate`` (the package off from here: this rank runs without it), ``status``.
+store), ``deactivate`` (the package off from here: this rank runs without it), ``activate``
+(on again), ``status``.
 
 The report: every save (``name``: ``save<n>`` or ``alone<n>``, the rank's n-th of the kind;
-its ``error`` if one was raised, and ``loads``: each of this rank's tensors read back from the
-checkpoint holds its value, checked once nothing is pending), every error (``phase``:
-``schedule`` or ``finalize``, its type, first line, text, ``ranks`` and ``finalized`` where it
-has them), ``views`` (the store calls the package made by the end of each step, through
-``StoreView``), ``peers`` (``status().peers`` at each ``status``), and ``hang``.
+its ``error`` if one was raised, ``loads``: each of this rank's tensors read back from the
+checkpoint holds its value, checked once nothing is pending, and each phase's seconds,
+``schedule_s`` and ``finalize_s``), every error (``phase``: ``schedule`` or ``finalize``, its
+type, first line, text, ``ranks`` and ``finalized`` where it has them), ``views`` (the store
+calls the package made by the end of each step, through ``StoreView``), ``peers``
+(``status().peers`` at each ``status``), ``flag_rides`` (at each ``status``: may the failure
+flag ride NVRx's all-reduce, ``worker.peers.flag_rides``), and ``hang``.
 """
 
 import json
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -55,8 +62,9 @@ class StoreView:
     the first ``fail`` calls failing as a store does (``DistStoreError``); ``gone``: none
     (a torch without it). The process group itself uses the real store."""
 
-    def __init__(self, fail=0, delay=0.0, gone=False):
+    def __init__(self, fail=0, delay=0.0, gone=False, down=0.0):
         self.fail, self.delay, self.calls = fail, delay, 0
+        self.down, self.since = down, None  # every call fails for ``down`` s from the first
         real = distributed_c10d._get_default_store
         if gone:
             del distributed_c10d._get_default_store
@@ -74,12 +82,34 @@ class _Viewed:
         def call(*args):
             view.calls += 1
             time.sleep(view.delay)
-            if view.fail > 0:
+            view.since = time.monotonic() if view.since is None else view.since
+            if view.fail > 0 or time.monotonic() - view.since < view.down:
                 view.fail -= 1
                 raise dist.DistStoreError(f"injected failure of the store's {name}")
             return method(*args)
 
         return call
+
+
+class HostReturns:
+    """NVRx's finalize all-reduce (``sync_all_async_calls``) returns on the host at once, as
+    NCCL's does, before the other ranks entered it: gloo's is started as ``async_op`` and
+    waited for at the end (``wait``). Its value read at once is this rank's own."""
+
+    def __init__(self):
+        self.works, self.real = [], dist.all_reduce
+        dist.all_reduce = self.all_reduce
+
+    def all_reduce(self, tensor, *args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not caller.endswith("async_ckpt.core") or kwargs.get("async_op"):
+            return self.real(tensor, *args, **kwargs)
+        self.works.append(self.real(tensor.clone(), *args, **kwargs, async_op=True))
+        return None
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
 
 
 @contextmanager
@@ -111,10 +141,16 @@ class Rank:
             "errors": [],
             "views": [],
             "peers": [],
+            "flag_rides": [],
             "hang": None,
             "step": None,
         }
         self.view = None if spec.get("view") is None else StoreView(**spec["view"])
+        self.reduce = HostReturns() if spec.get("reduce") == "async" else None
+        if "settle" in spec:  # the check's wait between its reads (worker.peers)
+            from nvrx_ipc_fix.worker import peers
+
+            peers.SETTLE_S = spec["settle"]
         self.store = self._tcp() if spec.get("store") == "tcp" else None
         self._init()
         self.trainer = Trainer(
@@ -133,6 +169,12 @@ class Rank:
         )
         fakecuda.mark_queue(alone)
         self.queues = {"save": self.trainer.queue, "alone": alone}
+        if spec.get("persistent") is False:  # NVRx's process per save
+            self.trainer.queue.close()
+            self.queues["save"] = self.trainer.queue = self.trainer.core.AsyncCallsQueue(
+                **kwargs_accepted(self.trainer.core.AsyncCallsQueue.__init__, persistent=False)
+            )
+            fakecuda.mark_queue(self.trainer.queue)
 
     def _tcp(self):
         """One ``TCPStore`` for every group: rank 0 serves it on a free port, which the
@@ -200,6 +242,8 @@ class Rank:
                 break
         self.report["step"] = None
         finished.set()
+        if self.reduce is not None:
+            self.reduce.wait()
         for queue in self.queues.values():
             queue.close()
         dist.destroy_process_group()
@@ -255,8 +299,13 @@ class Rank:
             self.regroup()
         elif step == "deactivate":
             nvrx_ipc_fix.deactivate()
+        elif step == "activate":
+            nvrx_ipc_fix.activate()
         elif step == "status":
             self.report["peers"].append(getattr(nvrx_ipc_fix.status(), "peers", None))
+            peers = sys.modules.get("nvrx_ipc_fix.worker.peers")
+            rides = getattr(peers, "flag_rides", None)  # the check before had none
+            self.report["flag_rides"].append(None if rides is None else rides())
         else:
             raise ValueError(f"unknown step {step!r}")
         return False
@@ -273,6 +322,7 @@ class Rank:
 
     def _call(self, saved, phase, function, *args):
         """``function(*args)``; an exception it raised is recorded (False returned)."""
+        start = time.monotonic()
         try:
             function(*args)
             return True
@@ -291,6 +341,8 @@ class Rank:
             saved["error"] = saved["error"] or error
             self.report["errors"].append(dict(error, save=saved["name"]))
             return False
+        finally:
+            saved[f"{phase}_s"] = round(time.monotonic() - start, 3)
 
     def _loads(self):
         """Each save scheduled and finalized, not yet read back: do its tensors load?"""

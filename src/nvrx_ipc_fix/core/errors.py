@@ -1,7 +1,6 @@
 """``CheckpointWorkerError``: what a rank raises instead of waiting for ever on a failed
 checkpoint worker; ``PersistentAsyncWorkerError`` is the same class under the name of
-Megatron-LM PR #6971, for handling written against that PR. ``RanksWithoutPackageError``:
-what the ranks that run the package raise, once, where another rank does not."""
+Megatron-LM PR #6971, for handling written against that PR."""
 
 from __future__ import annotations
 
@@ -47,32 +46,6 @@ class CheckpointWorkerError(RuntimeError):
         self.failed_ranks = tuple(failed_ranks)  # every rank whose worker failed, when known
         #: every save this finalize dropped, not saved
         self.lost_saves: tuple[int | None, ...] = (save,)
-        self.finalized: tuple[int, ...] = ()  # the saves the same finalize finalized
-
-    def __reduce__(self) -> tuple[Any, ...]:  # picklable with its attributes (Ray, multiprocessing)
-        return (_rebuild, (type(self), str(self), vars(self)))
-
-
-class RanksWithoutPackageError(RuntimeError):
-    """Some ranks of the job do not run the package (or its worker watch): found at the
-    first finalize of the process group that makes NVRx's all-reduce (``no_dist=False``) on
-    a persistent worker, on every rank that runs it, and raised once by that finalize after
-    NVRx's own: the saves it finalized are saved (``finalized``), and the job may go on as
-    with NVRx alone. Activate the package on every rank (``python -m nvrx_ipc_fix doctor``
-    tells how)."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        rank: int | None = None,
-        ranks: Iterable[int] = (),
-        world_size: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.rank = rank  # the rank that raised
-        self.ranks = tuple(ranks)  # the ranks that did not say they run the package
-        self.world_size = world_size
         self.finalized: tuple[int, ...] = ()  # the saves the same finalize finalized
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable with its attributes (Ray, multiprocessing)

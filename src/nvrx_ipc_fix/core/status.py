@@ -20,7 +20,7 @@ SUSPEND_NOT_PROBED = (
 )
 #: ``Status.peers`` before the check (``worker.peers``).
 PEERS_NOT_CHECKED = (
-    "not checked yet: at the first finalize that makes NVRx's all-reduce in a job of several ranks"
+    "not checked yet: at a persistent worker's finalize all-reduce in a job of several ranks"
 )
 
 
@@ -113,8 +113,8 @@ class Status:
     suspend: str = SUSPEND_NOT_PROBED
     #: Each call with a wrapper of ours: its region and its steps in order.
     calls: tuple[CallStatus, ...] = ()
-    #: Whether every rank of the job runs the package, checked at the process group's first
-    #: finalize all-reduce (``worker.peers``), or why that cannot be told.
+    #: Whether every rank of the job runs the package, checked at a persistent worker's
+    #: finalize all-reduce (``worker.peers``), the ranks named, or why that cannot be told.
     peers: str = PEERS_NOT_CHECKED
     #: The guardian (``worker.guardian``): its pid and how many live processes it guards, which
     #: it kills with their descendants if this process dies first; or why none runs.

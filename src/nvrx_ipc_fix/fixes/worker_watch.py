@@ -18,9 +18,9 @@ into the worker is touched):
 * ``AsyncCaller.sync_all_async_calls``, the all-reduce that check makes: a failed rank adds
   its failure flag to the value, so every rank learns of it in the collective NVRx makes
   anyway, and raises; no other collective is made. Its shape is probed first
-  (``core.shapes``): where it is not the one-int sum, the watch is not installed. A rank's
-  first in a process group also tells it whether every rank runs the package
-  (``worker.peers``), which the finalize then raises, once, after NVRx's.
+  (``core.shapes``): where it is not the one-int sum, the watch is not installed. There,
+  where the host reads the sum, a rank also learns whether every rank runs the package
+  (``worker.peers``: warned, never raised; while a rank may lack it, the flag stays out).
 * ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped (never
   finalized); the finalize goes on with the saves behind it as NVRx would (a blocking one
   waits for them all), then raises one error naming every save that was not saved.
@@ -329,15 +329,8 @@ def _finalize(wrapped, queue, args, kwargs):
                 raise
             finalized += taken[:-1]  # NVRx finalized these, then the last one raised
             failures.append((taken[-1], other))
-    found = _peers.take()  # a rank without the package: raised once NVRx's finalize is done
     if failures:
-        summary = _summary(failures, finalized)
-        if found is not None:
-            add_note(summary, f"nvrx_ipc_fix: {found}")
-        raise summary
-    if found is not None:
-        found.finalized = tuple(finalized)
-        raise found
+        raise _summary(failures, finalized)
     return finalized
 
 
@@ -540,23 +533,26 @@ def sync_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCaller.sync_all_async_calls(is_alive)``, NVRx's finalize all-reduce
     (one int summed over ranks: ``shapes.COLLECTIVE``): inside ``done_wrapper`` this rank's
     failure flag is added to its value, and the sum is read; anywhere else (NVRx's temporal
-    caller) it is NVRx's call alone. This rank's first in a process group is also where it
-    learns whether every rank runs the package (``worker.peers``): its own key written
-    before, the others' read after, once every rank has entered it (never while the interpreter
-    shuts down)."""
-    turn = None if _finalizing() else _peers.announce()
+    caller) it is NVRx's call alone."""
     check = getattr(_checks, "current", None)
-    rides = check is not None and check.caller is caller and check.total is None
-    result = _sync(wrapped, caller, args, kwargs, check) if rides else wrapped(*args, **kwargs)
-    _peers.check(turn, rides)
-    return result
+    if not (check is not None and check.caller is caller and check.total is None):
+        return wrapped(*args, **kwargs)
+    return _sync(wrapped, caller, args, kwargs, check, peers=not _finalizing())
 
 
-def _sync(wrapped, caller, args, kwargs, check):
+def _sync(wrapped, caller, args, kwargs, check, peers=True):
+    """The riding all-reduce. Where the host reads its sum, every rank had entered it: this
+    rank's word that it runs the package is written before, the others' read after
+    (``worker.peers``); while a rank may lack the package, the flag stays out."""
     import torch
 
     check.world = torch.distributed.get_world_size()
-    if check.failed:
+    flag = check.failed
+    with guard("peers"):
+        if peers:
+            _peers.before()
+            flag = flag and _peers.flag_rides()
+    if flag:
         (is_alive,) = values(wrapped, args, kwargs, "is_alive")
         args, kwargs = replaced(
             wrapped, args, kwargs, is_alive=_flagged(is_alive, _monitor.rank(), check.world)
@@ -567,6 +563,9 @@ def _sync(wrapped, caller, args, kwargs, check):
         f"NVRx's finalize all-reduce (sync_all_async_calls) of save #{_front(caller)}", hint=hint
     ):
         result, check.total = _shapes.summed(lambda: wrapped(*args, **kwargs))
+    with guard("peers"):
+        if peers:
+            _peers.after()
     return result
 
 

@@ -1,25 +1,33 @@
-"""Does every rank run the package? Asked once per default process group, at this rank's first
-of NVRx's finalize all-reduces (``sync_all_async_calls``), through the group's key-value
-store: no collective is added, and a job where every rank runs the package waits for nothing.
+"""Does every rank run the package? Told only where the host waits for NVRx's finalize
+all-reduce, and only warned: a job with a rank without the package goes on as NVRx alone
+would (docs/failures.md).
 
-The worker watch's failure flag rides that all-reduce; a rank without the package reads a
-failed rank's flag as "not done yet" and hangs the job later (docs/failures.md). Only a
-finalize with ``no_dist=False`` makes it: a save planned in a group of its own and finalized
-with ``no_dist=True`` is never checked.
+Where: a persistent worker's finalize whose failure flag rides NVRx's all-reduce
+(``sync_all_async_calls`` inside ``is_current_async_call_done``, ``no_dist=False``): there the
+host reads the sum (``worker_watch._sync``), so every rank had entered the all-reduce. Never at
+a non-persistent queue's all-reduce (NCCL's returns on the host before the others entered it),
+nor with ``no_dist=True`` (no all-reduce).
 
-Right before this rank's first such all-reduce in a group, it writes that it runs the package
-(``say``: its key, ``nvrx_ipc_fix/peers/<rank>``, and one more in a count). Once the all-reduce
-returned, every rank of the group had entered it, so every rank with the package had written
-its key: ``verdict`` reads the count. Where it is short, the first rank to claim the work finds
-the ranks without a key (few calls where few are missing) and publishes them; a rank whose key
-could not be written (each store call is tried 4 times: ``PAUSES``) marks that as soon as the
-store answers it, and the ranks then cannot tell, never accuse. Each rank then takes its key
-away and the last one sets the count back: a new default group on the same store
-(``destroy_process_group`` then ``init_process_group``) starts clean. Where the flag rides the
-all-reduce (a persistent worker's finalize), the finalize raises ``RanksWithoutPackageError``
-once, after NVRx's own finalize of the save (``take``). Where it cannot be told (a store error
-after every try; keys an earlier group left behind), one warning, ``status()`` says why, and
-NVRx's behaviour stays.
+How: before entering such an all-reduce, until it worked once in the group, a rank appends its
+rank to the group's key (``before``); after the sum was read, it reads that key once
+(``after``): every rank with the package had written by then, unless its store failed. A rank
+missing there is named only if it is still missing at a riding finalize ``SETTLE_S`` or more
+later (a rank whose store was down writes at its next one). While a rank is missing, this
+rank's failure flag stays out of the all-reduce (``flag_rides``), so that a rank without the
+package never reads it as "not done". Named: one ``RuntimeWarning`` per group, and
+``status()``; nothing raised, nothing waited for. A store error on this rank: one warning
+that it cannot tell, then only its own word is written again (never a rank named).
+
+The key, ``nvrx_ipc_fix/peers/<generation>``: the generation is this rank number's count of
+groups checked on this store (``store.add`` of ``nvrx_ipc_fix/peers/groups/<rank>``), the same
+on every rank where each ran the package in every earlier group, so that a group made again
+on the same store (``destroy_process_group``, ``init_process_group``) has a key of its own;
+the module's state is reset at a new group. A named rank's count is set to the group's
+generation by the ranks that named it (``compare_set``), so that it stays in step. A key of
+an old group stays (a few bytes). Where a rank number's holder made no riding finalize in an
+earlier group on the same store and was not named there (or its store was down past
+``SETTLE_S``), its count lags: in a later group it is named though it runs the package (a
+warning; nothing else changes but the flag staying out).
 """
 
 from __future__ import annotations
@@ -28,184 +36,135 @@ import sys
 import threading
 import time
 import weakref
-from datetime import timedelta
 
-from ..core import __version__, fork as _fork, state as _state
-from ..core.errors import RanksWithoutPackageError
+from ..core import fork as _fork, state as _state
 from ..core.status import PEERS_NOT_CHECKED as NOT_CHECKED
 
 PREFIX = "nvrx_ipc_fix/peers/"
-COUNT, DONE, CLAIM, FOUND, UNSURE = (
-    PREFIX + name for name in ("count", "done", "claim", "found", "unsure")
-)
-PAUSES = (0.1, 0.4, 1.6)  # seconds between the 4 tries of one store call
-UNSURE_S = 5.0  # how long the naming rank waits for a rank's mark that its word is missing
-FOUND_S = 60.0  # how long the other ranks wait for the names
-TARGET = "peers: cannot tell"  # the key of its one warning
+#: a rank missing at the first read is named only where still missing this much later
+SETTLE_S = 60.0
+TARGET = "peers"  # the key of its warnings
 #: what a call on torch's store raises when the store fails or times out (DistStoreError and
 #: DistNetworkError are RuntimeErrors)
-STORE_ERRORS = (RuntimeError, OSError, ValueError)
+STORE_ERRORS = (RuntimeError, OSError, ValueError, AttributeError)
 
-_lock = _fork.renewed(threading.Lock())  # what was checked holds in a child: the parent's group
-_checked = None  # weak reference to the default group this rank checked (or is checking)
-_found: RanksWithoutPackageError | None = None  # in that group, until a finalize is due it
-_due: RanksWithoutPackageError | None = None  # for the next finalize to raise
+
+class Group:
+    """What this rank knows of one default process group's check."""
+
+    __slots__ = ("group", "rank", "world", "key", "said", "saying", "first", "missing", "done")
+
+    def __init__(self, group, rank, world):
+        self.group, self.rank, self.world = group, rank, world  # group: a weak reference
+        self.key = None  # the group's key, once this rank's generation is known
+        self.said = False  # this rank's word is in it
+        self.saying = False  # a thread is writing it (another finalize's skips it)
+        self.first = None  # when a rank was first found missing
+        self.missing = ()  # the ranks missing at the last read
+        self.done = False  # nothing more to read: all there, named, or cannot tell
+
+
+_lock = _fork.renewed(threading.Lock())
+_group: Group | None = None
 _why = NOT_CHECKED  # what the check found, for status()
 
 
-class Turn:
-    """One rank's part in the check of one group: the store, the rank and the group's size,
-    whether its word is in the store, and its store calls."""
-
-    __slots__ = ("store", "rank", "world", "said", "calls", "started")
-
-    def __init__(self, store, rank, world):
-        self.store, self.rank, self.world = store, rank, world
-        self.said, self.calls, self.started = False, 0, time.monotonic()
-
-    def call(self, name, *args):
-        """``store.<name>(*args)``, tried again after each of ``PAUSES``."""
-        for pause in PAUSES:
-            self.calls += 1
-            try:
-                return getattr(self.store, name)(*args)
-            except STORE_ERRORS:  # tried again
-                time.sleep(pause)
-        self.calls += 1
-        return getattr(self.store, name)(*args)
-
-    def waited(self, key, seconds):
-        """Is ``key`` in the store within ``seconds``?"""
-        self.calls += 1
-        try:
-            self.store.wait([key], timedelta(seconds=seconds))
-            return True
-        except STORE_ERRORS:  # its timeout, or the store failed: no
-            return False
-
-
-def say(turn):
-    """Before the rank's first all-reduce in the group: its key, then one more in the count."""
-    turn.call("set", f"{PREFIX}{turn.rank}", __version__)
-    turn.call("add", COUNT, 1)
-    turn.said = True
-
-
-def verdict(turn):
-    """After that all-reduce: the ranks that did not say they run the package (empty: every
-    rank did), or None where that cannot be told. The rank's key is taken away; the last rank
-    of the group sets the count back."""
-    if not turn.said:  # its key may be missing: every rank is told it cannot tell
-        turn.call("add", UNSURE, 1)
-        turn.call("delete_key", f"{PREFIX}{turn.rank}")
+def _current():
+    """This rank's ``Group`` of the default process group (a new one for a new group), or
+    None where there is nothing to check (no group, one rank)."""
+    global _group, _why
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    count = int(turn.call("add", COUNT, 0))
-    missing = () if count == turn.world else None if count > turn.world else _named(turn, count)
-    turn.call("delete_key", f"{PREFIX}{turn.rank}")
-    if turn.call("add", DONE, 1) == count:  # every rank counted has read: start clean
-        turn.call("add", COUNT, -count)
-        turn.call("add", DONE, -count)
-        if count < turn.world:
-            for key in (CLAIM, FOUND, UNSURE):
-                turn.call("delete_key", key)
-    return missing
+    group = dist.group.WORLD
+    with _lock:
+        if _group is None or _group.group() is not group:  # a new group starts clean
+            _group, _why = Group(weakref.ref(group), group.rank(), group.size()), NOT_CHECKED
+        return _group if _group.world > 1 else None
 
 
-def _named(turn, count):
-    """The ranks without a key, found by the first rank to claim it and published to the
-    others; None where a rank marked its word missing or the keys do not add up."""
-    if turn.call("add", CLAIM, 1) == 1:
-        missing = _missing(turn, list(range(turn.world)))
-        told = len(missing) == turn.world - count and not turn.waited(UNSURE, UNSURE_S)
-        text = ",".join(map(str, missing)) if told else "?"
-        turn.call("set", FOUND, text)
-    elif turn.waited(FOUND, FOUND_S):
-        text = turn.call("get", FOUND).decode()
-    else:
-        return None
-    return None if text == "?" else tuple(int(rank) for rank in text.split(","))
+def _store():
+    from torch.distributed import distributed_c10d  # its one way to the store (torch 2.x)
+
+    return distributed_c10d._get_default_store()
 
 
-def _missing(turn, ranks):
-    """Which of ``ranks`` have no key (few store calls where few are missing)."""
-    if not ranks or turn.call("check", [f"{PREFIX}{rank}" for rank in ranks]):
-        return []
-    if len(ranks) == 1:
-        return ranks
-    half = len(ranks) // 2
-    return _missing(turn, ranks[:half]) + _missing(turn, ranks[half:])
-
-
-def announce():
-    """Before one of NVRx's finalize all-reduces: where it is this rank's first in the
-    default group, this rank writes its key (``say``) and its ``Turn`` is returned (else
-    None). A failure of the store gives one warning (the check then cannot tell); it never
-    breaks NVRx's call."""
-    global _checked, _found
+def before():
+    """Before a riding all-reduce: this rank's word, until it is in the store."""
+    mine = _current()
+    if mine is None or mine.said:
+        return
+    with _lock:  # one thread writes it: the count of groups is added to once
+        if mine.saying:
+            return
+        mine.saying = True
     try:
-        dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return None
-        group = dist.group.WORLD
-        if group.size() < 2 or (_checked is not None and _checked() is group):
-            return None  # one rank: nothing to check; or checked (again under the lock)
-        with _lock:
-            if _checked is not None and _checked() is group:
-                return None
-            _checked, _found = weakref.ref(group), None
-        from torch.distributed import distributed_c10d  # its one way to the store (torch 2.x)
+        say(mine, _store())
+    except STORE_ERRORS as exc:  # written again before the next one
+        _cannot_tell(mine, exc)
+    finally:
+        mine.saying = False
 
-        turn = Turn(distributed_c10d._get_default_store(), group.rank(), group.size())
-    except (AttributeError, *STORE_ERRORS) as exc:  # no store: said once, NVRx's own
-        _cannot_tell(exc)
-        return None
+
+def after():
+    """After that all-reduce's sum was read: the other ranks' words, read once, and once more
+    ``SETTLE_S`` later where one was missing."""
+    mine = _current()
+    if mine is None or mine.done or not mine.said:
+        return
+    now = time.monotonic()
+    if mine.first is not None and now - mine.first < SETTLE_S:
+        return
     try:
-        say(turn)
-    except STORE_ERRORS as exc:  # every rank learns it (verdict)
-        _cannot_tell(exc)
-    return turn
+        text, warned = hear(mine, _store(), now)
+    except STORE_ERRORS as exc:
+        _cannot_tell(mine, exc)
+        return
+    _said(mine, text, warned)
 
 
-def check(turn, rides):
-    """After that all-reduce returned: the verdict of this rank's ``turn`` (None: not its
-    first). Where ranks are missing and the failure flag ``rides`` on the all-reduce, the
-    error is due: the finalize that made it raises it (``take``)."""
-    global _why, _found, _due
-    if turn is not None:
-        try:
-            missing = verdict(turn)
-            if missing is None and turn.said:  # else announce warned
-                raise LookupError(
-                    "the ranks' words in the store do not add up (a rank could "
-                    "not say so, or an earlier group's are left)"
-                )
-        except (LookupError, *STORE_ERRORS) as exc:  # said once, NVRx's own
-            _cannot_tell(exc)
-            missing = None
-        if missing:
-            _found = RanksWithoutPackageError(
-                _message(turn, missing), rank=turn.rank, ranks=missing, world_size=turn.world
-            )
-            _why = (
-                f"rank(s) {_ranks(missing)} of {turn.world} do not run the package "
-                "(RanksWithoutPackageError, raised once by the first finalize whose "
-                "failure flag rides NVRx's all-reduce)"
-            )
-        elif missing is not None:
-            _why = (
-                f"every one of {turn.world} ranks runs the package (checked at this "
-                f"rank's first finalize all-reduce of the process group: {turn.calls} "
-                f"store call(s), {(time.monotonic() - turn.started) * 1000:.2f} ms)"
-            )
-    if rides and _found is not None:
-        _due, _found = _found, None
+def flag_rides():
+    """May this rank's failure flag ride the all-reduce? Not while a rank may lack the
+    package (it would read the flag as "not done yet")."""
+    mine = _group
+    return mine is None or not mine.missing
 
 
-def take():
-    """The ``RanksWithoutPackageError`` a finalize raises after NVRx's own, once; None."""
-    global _due
-    error, _due = _due, None
-    return error
+def say(mine, store):
+    """This rank's word in the group's key (its generation counted first)."""
+    if mine.key is None:
+        mine.key = f"{PREFIX}{int(store.add(f'{PREFIX}groups/{mine.rank}', 1))}"
+    store.append(mine.key, f"{mine.rank},")
+    mine.said = True
+
+
+def hear(mine, store, now):
+    """The ranks' words read: what ``status()`` says, and whether it is warned of."""
+    there = {int(rank) for rank in store.get(mine.key).decode().split(",") if rank}
+    mine.missing = tuple(rank for rank in range(mine.world) if rank not in there)
+    if not mine.missing:
+        mine.done = True
+        return (
+            f"every one of {mine.world} ranks runs the package (checked at the finalize "
+            "all-reduces of a persistent worker)",
+            False,
+        )
+    if mine.first is None:
+        mine.first = now
+        return (
+            f"no word yet from rank(s) {_ranks(mine.missing)} of {mine.world} (read again at "
+            f"a finalize {SETTLE_S:g} s or more later; the failure flag stays out meanwhile)",
+            False,
+        )
+    mine.done = True
+    generation = int(mine.key[len(PREFIX) :])
+    try:  # each named rank counted as if it had checked: its key in a later group is the same
+        for rank in mine.missing:
+            old = str(generation - 1) if generation > 1 else ""
+            store.compare_set(f"{PREFIX}groups/{rank}", old, str(generation))
+    except STORE_ERRORS:  # it then lags: named again in a later group, a warning
+        pass
+    return _named(mine, generation), True
 
 
 def _ranks(ranks, shown=16):
@@ -213,32 +172,40 @@ def _ranks(ranks, shown=16):
     return text + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
-def _message(turn, missing):
-    many = len(missing) > 1
+def _named(mine, generation):
+    many = len(mine.missing) > 1
+    them, those = ("them", "those ranks") if many else ("it", "that rank")
     return (
-        f"rank {turn.rank}: rank{'s' if many else ''} {_ranks(missing)} of {turn.world} "
-        f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from "
-        f"{'them' if many else 'it'} in the process group's store, though every rank had "
-        "entered NVRx's finalize all-reduce). Where a rank lacks it, a failed checkpoint "
-        "worker hangs the job instead of raising CheckpointWorkerError on every rank. "
-        "Activate it on every rank: run `python -m nvrx_ipc_fix doctor` with the "
-        f"interpreter, flags and environment of {'those ranks' if many else 'that rank'} "
-        "(docs/activation.md). Raised once, after NVRx's finalize: the saves it finalized "
-        "are saved (err.finalized), and the job may go on as with NVRx alone."
+        f"rank {mine.rank}: rank{'s' if many else ''} {_ranks(mine.missing)} of {mine.world} "
+        f"{'do' if many else 'does'} not run nvrx-ipc-fix (no word from {them} in the store "
+        f"of process group #{generation}, {SETTLE_S:g} s after the first finalize all-reduce "
+        "that every rank entered). The job goes on as with NVRx alone, whose worker failure "
+        "hangs it: the failure flag stays out of NVRx's all-reduce. Activate the package on "
+        "every rank: run `python -m nvrx_ipc_fix doctor` with the interpreter, flags and "
+        f"environment of {those} (docs/activation.md)"
     )
 
 
-def _cannot_tell(exc):
-    """Warn once per process, and tell ``status()`` why."""
-    global _why
-    from ..core.log import warn, warn_once
-
-    _why = (
+def _cannot_tell(mine, exc):
+    _said(
+        mine,
         f"cannot tell whether every rank runs the package ({type(exc).__name__}: {exc}); "
-        "NVRx's behaviour stays"
+        "NVRx's behaviour stays",
+        warned=True,
     )
-    warn_once(TARGET, "nvrx_ipc_fix: %s", _why)
-    warn(f"nvrx_ipc_fix: {_why}", TARGET)
+    # names no one, and the flag rides as where every rank runs it; its own word is still
+    # written (before)
+    mine.done, mine.missing = True, ()
+
+
+def _said(mine, text, warned=False):
+    """``status()`` says ``text``; once per group, a warning."""
+    global _why
+    from ..core.log import logger, warn
+
+    _why = text
+    if warned and warn(f"nvrx_ipc_fix: {text}", (TARGET, mine.key or id(mine))):
+        logger.warning("nvrx_ipc_fix: %s", text)
 
 
 @_state.on_status("peers")
