@@ -1,7 +1,12 @@
 """A CPU stand-in for CUDA IPC, to drive NVRx's worker cache on a machine without a GPU.
 
-This and ``fakedriver`` (the CUDA driver's process checkpoint API) are the only fakes in the
-tests and the demo, and they fake only the device:
+The demo's: it ships in the wheel for ``python -m nvrx_ipc_fix demo``, whose trainer
+(``cli.driver``) installs it where there is no GPU; the tests use it through that driver.
+Nothing else of the package imports it (the hooks it sets, ``worker.inside.WORKER_IMPORTS``
+and ``pin_without_cuda``, ``worker.release.fake_device_queues``, are ``None`` or empty
+without it). This and ``fakedriver`` (the CUDA driver's process checkpoint API, in
+``tests/harness``, not shipped) are the only fakes in the tests and the demo, and they fake
+only the device:
 
 * ``FakeCudaTensor`` reports ``cuda:0`` in the trainer process and its real CPU device in
   any other process. NVRx therefore puts it in its "GPU" bucket and caches it. Its storage
