@@ -85,10 +85,9 @@ def run(out=print, as_json=False):
     invalid = []  # (name, value) of each setting the package does not understand
     for setting in _config.SETTINGS:
         checks.append(_setting(setting, invalid))
-    unknown = _config.unknown()  # a name none reads: a setting not understood
-    for name, _, problem in unknown:
-        invalid.append((name, os.environ[name]))
-        checks.append(("fail", name, f"{os.environ[name]!r} {problem}"))
+    unknown = [(name, os.environ[name], *found) for name, *found in _config.unknown()]
+    invalid += [(name, raw) for name, raw, *_ in unknown]  # a name none reads: not understood
+    checks += [("fail", name, f"{raw!r} {problem}") for name, raw, _, problem in unknown]
     checks += [
         _startup_error(startup),
         ("ok" if covered else "fail", "activation", _activation(status, covered)),
@@ -131,7 +130,7 @@ def run(out=print, as_json=False):
 
     off = [(_config.DISABLE, os.environ.get(_config.DISABLE, ""))]
     if _config.SETTINGS[0].check()[1] is not None:  # understood: a near miss of its name?
-        off = [(name, os.environ[name]) for name, near_off, _ in unknown if near_off]
+        off = [(name, raw) for name, raw, near_off, _ in unknown if near_off]
     others = [
         (name, raw) for name, raw in invalid if name not in switches and (name, raw) not in off
     ]

@@ -283,7 +283,6 @@ SETTINGS = (
 
 
 PREFIX = "NVRX_IPC_FIX_"
-_CUT = len(PREFIX)
 _NAMES = frozenset(setting.name for setting in SETTINGS)
 
 
@@ -293,17 +292,17 @@ def unknown():
     ``off``: the name is within a typo of the kill switch's (``..._DISABLED``, a
     lower-case one) and its value is no false one, so the package is off: a kill switch
     errs on the side of off. ``difflib`` is imported only when there is such a name."""
-    names = sorted(n for n in os.environ if n[:_CUT].upper() == PREFIX and n not in _NAMES)
+    names = sorted(n for n in os.environ if n.upper().startswith(PREFIX) and n not in _NAMES)
     if not names:
         return []
     from difflib import get_close_matches
 
-    tails = {name[_CUT:]: name for name in sorted(_NAMES)}
+    tails = {name[len(PREFIX) :]: name for name in sorted(_NAMES)}
     found = []
     for name in names:
-        tail = name[_CUT:].upper()
+        tail = name[len(PREFIX) :].upper()
         near = [f"did you mean {tails[t]}?" for t in get_close_matches(tail, tails, 1)]
-        off = _raw(name) not in _FALSE and get_close_matches(tail, [DISABLE[_CUT:]], 1, 0.8)
+        off = _raw(name) not in _FALSE and get_close_matches(tail, [DISABLE[len(PREFIX) :]], 1, 0.8)
         why = "taken for the kill switch, the whole package is off" if off else "ignored"
         near = near[0] if near else f"it reads {', '.join(tails.values())}"
         found.append((name, bool(off), f"is not a variable nvrx_ipc_fix reads ({near}): {why}"))
