@@ -2,11 +2,11 @@
 
 The demo's: it ships in the wheel for ``python -m nvrx_ipc_fix demo``, whose trainer
 (``cli.driver``) installs it where there is no GPU; the tests use it through that driver.
-Nothing else of the package imports it (the hooks it sets, ``worker.inside.WORKER_IMPORTS``
-and ``pin_without_cuda``, ``worker.release.fake_device_queues``, are ``None`` or empty
-without it). This and ``fakedriver`` (the CUDA driver's process checkpoint API, in
-``tests/harness``, not shipped) are the only fakes in the tests and the demo, and they fake
-only the device:
+Nothing else of the package imports it: without it, the hooks it sets are unused
+(``worker.inside.pin_without_cuda`` is ``None``, ``worker.release.fake_device_queues`` empty,
+``worker.inside.WORKER_IMPORTS`` holds NVRx's writer alone). This and ``fakedriver`` (the
+CUDA driver's process checkpoint API, the tests' own, not shipped) are the only fakes in the
+tests and the demo, and they fake only the device:
 
 * ``FakeCudaTensor`` reports ``cuda:0`` in the trainer process and its real CPU device in
   any other process. NVRx therefore puts it in its "GPU" bucket and caches it. Its storage
