@@ -26,7 +26,7 @@ pytestmark = pytest.mark.install
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_FILES = ("nvrx_ipc_fix.pth", "nvrx_ipc_fix.start", "_nvrx_ipc_fix_startup.py")
-HEAVY = ["torch", "nvidia_resiliency_ext", "wrapt", "logging", "inspect", "dataclasses"]
+HEAVY = ["torch", "nvidia_resiliency_ext", "wrapt", "logging", "inspect", "dataclasses", "difflib"]
 REPORT = """
     import json, os, sys
     def report():

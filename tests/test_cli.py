@@ -427,6 +427,42 @@ def test_doctor_with_the_kill_switch_advises_unsetting_it(tmp_path):
     assert seen["code"] == 1 and "Other ways: `import nvrx_ipc_fix` first" in seen["lines"][-1]
 
 
+@pytest.mark.parametrize(
+    "name, value, near, off",
+    [
+        ("NVRX_IPC_FIX_DISABLED", "1", "NVRX_IPC_FIX_DISABLE", True),
+        ("nvrx_ipc_fix_disable", "stale_guard", "NVRX_IPC_FIX_DISABLE", True),
+        ("NVRX_IPC_FIX_DISABLED", " Off", "NVRX_IPC_FIX_DISABLE", False),
+        ("NVRX_IPC_FIX_ENABLE", "1", "NVRX_IPC_FIX_DISABLE", False),  # near, not a typo of it
+        ("nvrx_ipc_fix_relese", "never", "NVRX_IPC_FIX_RELEASE", False),
+        ("NVRX_IPC_FIX_", "1", None, False),
+        ("NVRX_IPC_FIX_QWERTYUIOP", "1", None, False),
+    ],
+)
+def test_doctor_names_an_unknown_variable_and_the_nearest_it_reads(
+    tmp_path, name, value, near, off
+):
+    """A variable the package does not read is a setting not understood (exit 1 where NVRx
+    needs the fix); a typo of the kill switch's name set to a true value turns it off."""
+    seen = doctor_in(tmp_path, {name: value}, "start-up")
+    rows = [line for line in seen["lines"] if line.startswith(f"FAIL  {name}: {value!r} ")]
+    assert len(rows) == 1, seen["lines"]
+    assert rows[0].endswith(
+        (f"did you mean {near}?" if near else "NVRX_IPC_FIX_STRATEGY")
+        + ("): taken for the kill switch, the whole package is off" if off else "): ignored")
+    ), rows
+    result = seen["lines"][-1]
+    assert seen["code"] == 1 and not result.startswith("result: ok"), result
+    if off:
+        assert f"{name}={value!r} turns the package off in every process" in result, result
+        assert "fail  activation: not active" in [line.lower() for line in seen["lines"]]
+    else:
+        assert result.startswith("result: processes started like this one activate at start-up")
+        assert result.endswith(
+            f"does not understand {name}={value!r} and falls back as said above: fix or unset it."
+        )
+
+
 @pytest.mark.once  # the CLI's own handling: the same with any NVRx and wrapt
 def test_json_before_or_after_the_sub_command(tmp_path):
     def run(*args):

@@ -587,6 +587,49 @@ def test_start_up_warns_about_a_setting_only_in_a_process_that_imports_nvrx(tmp_
     assert err.startswith(f"{script}:2: RuntimeWarning: nvrx_ipc_fix: {name}={value!r} "), err
 
 
+@needs_nvrx
+@pth_installed
+@pytest.mark.parametrize(
+    "name, value, words, active",
+    [
+        (
+            "NVRX_IPC_FIX_DISABLED",
+            "1",
+            "(did you mean NVRX_IPC_FIX_DISABLE?): taken for the kill "
+            "switch, the whole package is off",
+            False,
+        ),
+        ("nvrx_ipc_fix_disabled", "no", "(did you mean NVRX_IPC_FIX_DISABLE?): ignored", True),
+        (
+            "nvrx_ipc_fix_stall_timeout",
+            "5",
+            "(did you mean NVRX_IPC_FIX_STALL_TIMEOUT?): ignored",
+            True,
+        ),
+        ("NVRX_IPC_FIX_", "1", "(it reads NVRX_IPC_FIX_AUTO, ", True),
+        ("NVRX_IPC_FIX_QWERTYUIOP", "on", "(it reads NVRX_IPC_FIX_AUTO, ", True),
+    ],
+)
+def test_start_up_names_an_unknown_variable_and_the_nearest_it_reads(
+    tmp_path, name, value, words, active
+):
+    """As a setting not understood: nothing in a process that never imports NVRx, one warning
+    at the import in one that does; a typo of the kill switch's name turns the package off."""
+    rc, out, err = run_process([sys.executable, "-c", "pass"], auto=True, env={name: value})
+    assert (rc, err) == (0, ""), err
+    script = tmp_path / "train.py"
+    script.write_text(
+        IMPORTS_NVRX + "import nvrx_ipc_fix\nprint(nvrx_ipc_fix.status().activated)\n"
+    )
+    rc, out, err = run_process([sys.executable, str(script)], auto=True, env={name: value})
+    assert rc == 0 and err.count("Warning") == 1, err
+    assert err.startswith(
+        f"{script}:2: RuntimeWarning: nvrx_ipc_fix: {name}={value!r} is not a variable "
+        f"nvrx_ipc_fix reads {words}"
+    ), err
+    assert out.split() == [str(active)], out
+
+
 RAY_ENVS = """
     import json, nvrx_ipc_fix
     out = {}

@@ -2,7 +2,8 @@
 (``worker/guardian.py``). A trainer runs in a session of its own, is brought to a state (its
 worker idle after a save, busy writing, forked from the standby after a ``restart`` release,
 suspended; NVRx's process of a save in flight on a queue that is not persistent), checked
-there, and SIGKILLed, as the OOM killer does; soon after, no process of its session is left.
+there, and SIGKILLed, as the OOM killer does; within 10 s (the docs' bound) no process of its
+session is left, nor its private directory (``inside.directory()``, the guardian's stderr).
 Without the guardian its checkpoint worker, NVRx's results-queue manager, multiprocessing's
 resource tracker (and the harness's forkserver, whose alive pipe the worker holds) stayed.
 A Ctrl-C to the trainer's process group leaves the guardian alone, and a process that never
@@ -24,19 +25,19 @@ import pytest
 from conftest import EXPECT, GPU, MCORE, NVRX, _env, _forkable, _the_zygote, needs_cache
 from conftest import needs_nvrx, needs_warmup, run_python
 
-BOUND = 60.0  # seconds a killed trainer's session may take to empty (its guarded processes:
-#               54-151 ms on a loaded 2-core VM, benchmarks/guardian_cost.py; the wait ends
-#               as soon as none is left)
+BOUND = 10.0  # seconds a killed trainer's session may take to empty and its private directory
+#               to go: the docs' bound (its guarded processes: 54-151 ms on a loaded 2-core
+#               VM, benchmarks/guardian_cost.py; the wait ends as soon as none is left)
 REACH = 300.0  # seconds a trainer may take to reach its state (a cold standby under load)
 
 # Steps of this file's own: ``writing`` waits until the worker is inside the write that the
 # ``fault-hold`` save holds; ``note`` writes what the state is (``note.json``: the pids of the
 # worker, NVRx's process of the save, the process in the held write, the standby, with their
 # /proc state and parent, the worker's once it is neither running nor in a disk wait: idle,
-# blocked or stopped; status().guardian); ``hold`` writes it to ``state.json`` and waits
-# to be killed (a Ctrl-C is noted in ``interrupted``, and the wait goes on); ``exit`` is
-# ``sys.exit(0)``, with no close (the exit handlers run); ``kill-guardian`` SIGKILLs the
-# guardian once it watches, and reaps it.
+# blocked or stopped; status().guardian; the package's private directory); ``hold`` writes
+# it to ``state.json`` and waits to be killed (a Ctrl-C is noted in ``interrupted``, and the
+# wait goes on); ``exit`` is ``sys.exit(0)``, with no close (the exit handlers run);
+# ``kill-guardian`` SIGKILLs the guardian once it watches, and reaps it.
 PRELUDE = """
     import json, os, signal, sys, time
     import nvrx_ipc_fix
@@ -81,12 +82,14 @@ PRELUDE = """
             trainer.queue, "persistent", True) else None
         writing = os.path.join(trainer.directory, "writing")
         standby = sys.modules.get("nvrx_ipc_fix.worker.standby")
+        inside = sys.modules.get("nvrx_ipc_fix.worker.inside")
         status = nvrx_ipc_fix.status()
         state = {"trainer": os.getpid(), "worker": getattr(worker, "pid", None),
                  "temporal": getattr(temporal, "pid", None),
                  "writer": int(open(writing).read()) if os.path.exists(writing) else None,
                  "standby": getattr(getattr(standby, "_standby", None), "pid", None),
-                 "guardian": getattr(status, "guardian", None)}
+                 "guardian": getattr(status, "guardian", None),
+                 "private": inside and inside._private[0]}
         for key in ("worker", "temporal", "writer"):
             state[key + "_proc"] = _proc(state[key]) if state[key] else None
         if state["worker"]:
@@ -191,6 +194,7 @@ class Trainer:
                 )
             self.pid = self.proc.pid
         self.exit = None
+        self.private = None  # the package's private directory, once a state names it
 
     def _exited(self, timeout):
         if self.exit is None:
@@ -213,19 +217,28 @@ class Trainer:
                         f"the trainer never wrote {name} (exit {self.exit})\n{err.read()[-3000:]}"
                     )
         with open(path) as found:
-            return json.load(found)
+            state = json.load(found)
+        self.private = state.get("private", self.private)
+        return state
 
     def kill(self, signum=signal.SIGKILL):
         os.kill(self.pid, signum)
 
     def left(self, bound=BOUND):
-        """The processes of the trainer's session still alive ``bound`` seconds after it died
-        (sooner, once none is)."""
+        """What is left ``bound`` seconds after the trainer died (sooner, once nothing is):
+        the processes of its session alive, ``{pid: command line}``, and its private
+        directory, if a state named one and it is still there (``{path: "directory"}``)."""
         assert self._exited(30) is not None, "the trainer did not die"
         deadline = time.monotonic() + bound
-        while session(self.pid) and time.monotonic() < deadline:
+        while self._left() and time.monotonic() < deadline:
             time.sleep(0.05)
-        return session(self.pid)
+        return self._left()
+
+    def _left(self):
+        found = session(self.pid)
+        if self.private and os.path.exists(self.private):
+            found[self.private] = "directory"
+        return found
 
     def clean(self):
         """Kill whatever is left of the session, the trainer included."""
@@ -260,7 +273,8 @@ def trainer(tmp_path):
 
 
 def killed(one):
-    """SIGKILL the trainer; what of its session is left."""
+    """SIGKILL the trainer; what of its session, and of its private directory, is left."""
+    assert one.private and os.path.isdir(one.private), one.private  # there, to be removed
     one.kill()
     return one.left()
 

@@ -85,6 +85,9 @@ def run(out=print, as_json=False):
     invalid = []  # (name, value) of each setting the package does not understand
     for setting in _config.SETTINGS:
         checks.append(_setting(setting, invalid))
+    unknown = [(name, os.environ[name], *found) for name, *found in _config.unknown()]
+    invalid += [(name, raw) for name, raw, *_ in unknown]  # a name none reads: not understood
+    checks += [("fail", name, f"{raw!r} {problem}") for name, raw, _, problem in unknown]
     checks += [
         _startup_error(startup),
         ("ok" if covered else "fail", "activation", _activation(status, covered)),
@@ -104,7 +107,7 @@ def run(out=print, as_json=False):
         for level, label, text in filter(None, checks)
     ]
 
-    names = {s.name for s in _config.SETTINGS}
+    names = {s.name for s in _config.SETTINGS} | {name for name, *_ in unknown}
     causes = [
         f"{label}: {text}"
         for level, label, text in filter(None, checks)
@@ -125,8 +128,12 @@ def run(out=print, as_json=False):
             else ""
         )
 
-    others = [(name, raw) for name, raw in invalid if name not in switches]
-    raw_off = os.environ.get(_config.DISABLE, "")
+    off = [(_config.DISABLE, os.environ.get(_config.DISABLE, ""))]
+    if _config.SETTINGS[0].check()[1] is not None:  # understood: a near miss of its name?
+        off = [(name, raw) for name, raw, near_off, _ in unknown if near_off]
+    others = [
+        (name, raw) for name, raw in invalid if name not in switches and (name, raw) not in off
+    ]
     if not affected:
         result, code = (
             (
@@ -135,13 +142,13 @@ def run(out=print, as_json=False):
             ),
             0,
         )
-    elif _config.SETTINGS[0].check()[1] is None:  # NVRX_IPC_FIX_DISABLE: the package is off
+    elif off:  # NVRX_IPC_FIX_DISABLE, or a near miss of its name: the package is off
         result, code = (
             (
-                f"NVRx {status.nvrx_version} needs the fix, and {_config.DISABLE}="
-                f"{raw_off!r} turns the package off in every process that has it "
+                f"NVRx {status.nvrx_version} needs the fix, and {off[0][0]}="
+                f"{off[0][1]!r} turns the package off in every process that has it "
                 f"(start-up, `import nvrx_ipc_fix`, the Ray hook alike): unset it, or "
-                f"set it to the fixes to turn off (a comma list of "
+                f"set {_config.DISABLE} to the fixes to turn off (a comma list of "
                 f"{', '.join(FIXES)})" + (f". Also, {fallback(others)}" if others else "") + "."
             ),
             1,

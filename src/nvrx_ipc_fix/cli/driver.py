@@ -1,5 +1,6 @@
-"""The trainer that ``python -m nvrx_ipc_fix demo`` and ``selftest`` drive, each run in a fresh
-interpreter (``runner``), with and without the package (``NVRX_IPC_FIX_DISABLE=1``).
+"""The demo's trainer: what ``python -m nvrx_ipc_fix demo`` and ``selftest`` drive, each run in
+a fresh interpreter (``runner``), with and without the package (``NVRX_IPC_FIX_DISABLE=1``).
+It ships in the wheel for those two commands; the tests' scenarios build on it.
 
 ``python -m nvrx_ipc_fix.cli.driver --steps save,save,replace,save`` saves a state dict through
 ``AsyncCallsQueue(persistent=True)`` and ``FileSystemWriterAsync(use_cached_data_structure=True)``

@@ -1,6 +1,11 @@
 """A CPU stand-in for CUDA IPC, to drive NVRx's worker cache on a machine without a GPU.
 
-This and ``fakedriver`` (the CUDA driver's process checkpoint API) are the only fakes in the
+The demo's: it ships in the wheel for ``python -m nvrx_ipc_fix demo``, whose trainer
+(``cli.driver``) installs it where there is no GPU; the tests use it through that driver.
+Nothing else of the package imports it: without it, the hooks it sets are unused
+(``worker.inside.pin_without_cuda`` is ``None``, ``worker.release.fake_device_queues`` empty,
+``worker.inside.WORKER_IMPORTS`` holds NVRx's writer alone). This and ``fakedriver`` (the
+CUDA driver's process checkpoint API, the tests' own, not shipped) are the only fakes in the
 tests and the demo, and they fake only the device:
 
 * ``FakeCudaTensor`` reports ``cuda:0`` in the trainer process and its real CPU device in

@@ -9,7 +9,9 @@ A warning about a value read during start-up activation (which every process of 
 environment runs) waits until a module the package patches is imported, and is dropped in
 processes that never import one. ``SETTINGS`` lists every variable with its parser, which
 reports a value it does not understand without warning: ``python -m nvrx_ipc_fix doctor``
-checks each, and turns these warnings off (``log.quiet()``).
+checks each, and turns these warnings off (``log.quiet()``). Any other variable named
+``NVRX_IPC_FIX_*`` (in any case) is warned about at activation, naming the nearest name
+the package reads (``unknown``); one within a typo of the kill switch's turns the package off.
 """
 
 import os
@@ -294,9 +296,41 @@ SETTINGS = (
 )
 
 
+PREFIX = "NVRX_IPC_FIX_"
+_NAMES = frozenset(setting.name for setting in SETTINGS)
+
+
+def unknown():
+    """``(name, off, problem)`` of each variable set whose name starts with ``NVRX_IPC_FIX_``
+    in any case but is none the package reads: ``problem`` names the nearest one it reads.
+    ``off``: the name is within a typo of the kill switch's (``..._DISABLED``, a
+    lower-case one) and its value is no false one, so the package is off: a kill switch
+    errs on the side of off. ``difflib`` is imported only when there is such a name."""
+    names = sorted(n for n in os.environ if n.upper().startswith(PREFIX) and n not in _NAMES)
+    if not names:
+        return []
+    from difflib import get_close_matches
+
+    tails = {name[len(PREFIX) :]: name for name in sorted(_NAMES)}
+    found = []
+    for name in names:
+        tail = name[len(PREFIX) :].upper()
+        near = [f"did you mean {tails[t]}?" for t in get_close_matches(tail, tails, 1)]
+        off = _raw(name) not in _FALSE and get_close_matches(tail, [DISABLE[len(PREFIX) :]], 1, 0.8)
+        why = "taken for the kill switch, the whole package is off" if off else "ignored"
+        near = near[0] if near else f"it reads {', '.join(tails.values())}"
+        found.append((name, bool(off), f"is not a variable nvrx_ipc_fix reads ({near}): {why}"))
+    return found
+
+
 def disabled_fixes(known):
-    """The fixes the environment turns off, as a frozenset; ``None`` when the package is off."""
-    return _read(DISABLE, _parse_disable, known)
+    """The fixes the environment turns off, as a frozenset; ``None`` when the package is off.
+    Warns about each variable of ``unknown()`` (once per value)."""
+    fixes = _read(DISABLE, _parse_disable, known)
+    for name, off, problem in unknown():
+        _invalid(name, _raw(name), problem)
+        fixes = None if off else fixes
+    return fixes
 
 
 def off_reason():
@@ -304,6 +338,9 @@ def off_reason():
     raw = os.environ.get(DISABLE, "")
     if raw.strip().lower() in _TRUE:
         return f"{DISABLE}={raw.strip()}"
+    if _parse_disable(raw.strip().lower())[0] is not None:  # a near miss of its name did
+        name, _, problem = next(found for found in unknown() if found[1])
+        return f"{name}={os.environ[name]!r} {problem}"
     return f"{DISABLE}={raw!r}: not understood, so the whole package is off"
 
 

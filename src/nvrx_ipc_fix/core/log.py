@@ -164,7 +164,7 @@ def setting_problem(key, message, name):
     if read:
         _held[key] = (
             f"{message}. Read {read}, shown now that a module it patches is "
-            f"imported; unset {name} or give it a value it understands to silence "
+            f"imported; unset {name} or fix it to silence "
             f"this (`python -m nvrx_ipc_fix doctor` checks every setting)"
         )
         return True

@@ -6,19 +6,20 @@ forked, and their descendants. Without it they outlive the trainer: nothing in t
 the trainer, and the standby and its workers keep each other alive.
 
 It is started by the first ``guard`` (never at import or activation), as
-``python -S -I worker/guardian_process.py <trainer pid>``, with every descriptor but its
-three closed (``close_fds``: it holds none of the trainer's pipes): stdin a pipe from the
-trainer, stdout a pipe on which it says once that it watches, stderr a file in the
-package's private directory (``inside.directory()``). It watches the trainer through the
-kernel (a pidfd, Linux 5.3+; without one, the pipe's EOF). ``guard`` writes ``<pid> <start
-time>`` to the pipe. A guarded process that ends is forgotten there; one the trainer leaves
-when it dies is killed with its descendants. At the trainer's clean exit the guardian sees
-the exit too and kills what is left (nothing, normally: the package's and multiprocessing's
-exit handlers stop the workers). A guardian that was killed is replaced by the next
-``guard``, which hands the new one what is still alive. One that ended by itself or before
-it watched could not run here (a Python that cannot start ``-S -I``, no process to spare):
-none is started again in this process, one ``RuntimeWarning`` gives its exit status and
-stderr, and saves go on as NVRx's.
+``python -S -I worker/guardian_process.py <trainer pid> <private directory>``, with every
+descriptor but its three closed (``close_fds``: it holds none of the trainer's pipes): stdin
+a pipe from the trainer, stdout a pipe on which it says once that it watches, stderr a file
+in the package's private directory (``inside.directory()``). It watches the trainer through
+the kernel (a pidfd, Linux 5.3+; without one, the pipe's EOF). ``guard`` writes ``<pid>
+<start time>`` to the pipe. A guarded process that ends is forgotten there; one the trainer
+leaves when it dies is killed with its descendants, and then the private directory (the
+guardian's stderr, what the workers left) is removed. At the trainer's clean exit the
+guardian sees the exit too and kills what is left (nothing, normally: the package's and
+multiprocessing's exit handlers stop the workers, and the directory is removed by then). A
+guardian that was killed is replaced by the next ``guard``, which hands the new one what is
+still alive. One that ended by itself or before it watched could not run here (a Python that
+cannot start ``-S -I``, no process to spare): none is started again in this process, one
+``RuntimeWarning`` gives its exit status and stderr, and saves go on as NVRx's.
 
 A child made by ``os.fork()`` closes its copy of the pipe and forgets the guardian (a
 forked worker must not keep the trainer's pipe open: without pidfds that EOF is the
@@ -160,9 +161,10 @@ def _running():
     ready, said = os.pipe()
     started = False
     try:
-        with open(os.path.join(directory(), "guardian.stderr"), "ab") as stderr:
+        private = directory()
+        with open(os.path.join(private, "guardian.stderr"), "ab") as stderr:
             _process = _Guardian(
-                [spawn.get_executable(), "-S", "-I", PROGRAM, str(os.getpid())],
+                [spawn.get_executable(), "-S", "-I", PROGRAM, str(os.getpid()), private],
                 stdin=read,
                 stdout=said,
                 stderr=stderr,

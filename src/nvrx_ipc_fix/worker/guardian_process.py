@@ -1,4 +1,5 @@
-"""The guardian's program: ``python -S -I guardian_process.py <trainer pid>``, started by
+"""The guardian's program: ``python -S -I guardian_process.py <trainer pid> [<directory>]``,
+started by
 ``worker.guardian``. Standard library only: it imports nothing of the package, torch or NVRx,
 and reads no start-up file.
 
@@ -13,6 +14,8 @@ and its descendants (``end_trees``). SIGINT, SIGQUIT, SIGTERM and SIGHUP are ign
 Ctrl-C (or Ctrl-\\) to the process group, a launcher's SIGTERM or a hang-up leaves it to end
 what the trainer leaves. Where it has a pidfd of the trainer, the pipe's EOF only means that
 nothing more comes (the trainer closed it: an exec); the pidfd says when the trainer is gone.
+Then it removes ``<directory>``, the trainer's private one (``inside.directory()``, where its
+own stderr is): a killed trainer runs no exit handler to remove it.
 
 So that a guardian killed in the middle of that walk leaves no process stopped, it first
 forks a twin, to which it names each process before it stops it; when the guardian has
@@ -260,6 +263,10 @@ def main(argv):
         except BlockingIOError:
             pass
     guarded.end(twin(guarded))
+    if argv[2:] and os.path.basename(argv[2]).startswith("nvrx_ipc_fix-"):  # mkdtemp's
+        import shutil
+
+        shutil.rmtree(argv[2], ignore_errors=True)
 
 
 def twin(guarded):

@@ -34,10 +34,11 @@ if TYPE_CHECKING:
     from typing import Any
 
 #: What a prewarmed worker imports before it says it is ready: what a save's request makes
-#: it unpickle (NVRx's writer). A stand-in for the device adds its tensor class's module.
+#: it unpickle (NVRx's writer). A stand-in for the device (the demo's ``cli.fakecuda``) adds
+#: its tensor class's module.
 WORKER_IMPORTS = [FS]
-#: Where there is no CUDA, what a stand-in for the device gives for pinned host memory
-#: (``size`` -> a tensor); ``None``: nothing can be pinned ahead.
+#: Where there is no CUDA, what a stand-in for the device (the demo's ``cli.fakecuda``) gives
+#: for pinned host memory (``size`` -> a tensor); ``None``: nothing can be pinned ahead.
 pin_without_cuda: Callable[[int], Any] | None = None
 #: What a worker leaves for the trainer: ``traceback`` (its last uncaught exception) and
 #: ``pinned`` (what ``warm_up`` pinned ahead).

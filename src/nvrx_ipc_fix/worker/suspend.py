@@ -65,7 +65,8 @@ _driver = None
 _why = None  # why suspend is not used in this process, once known
 _counts = {"suspends": 0, "resumes": 0}
 #: The last suspend's and resume's timings: ``pid``, ``checkpoint_s`` (lock and checkpoint),
-#: ``restore_s`` (restore and unlock), ``resumed_at`` (``time.perf_counter()``).
+#: ``restore_s`` (restore and unlock), ``resumed_at`` (``time.perf_counter()``). Read by
+#: ``benchmarks/restart_wait.py`` and the tests.
 last: dict[str, float] = {}
 
 
