@@ -5,13 +5,7 @@ every save that NVRx alone saved loads (``harness.ranks``). The scenarios are th
 check that every rank runs the package (``worker.peers``): ranks that do not all save, a new
 process group on the same store, a store that fails once or answers slowly, ranks whose first
 saves are far apart, and a rank without the package (warned of once, and the job goes on as
-NVRx's).
-
-Before the check moved to the finalize all-reduce (0008e45: it waited at the first schedule
-for every rank's word, up to ``NVRX_IPC_FIX_PEERS_TIMEOUT``), each scenario but the new group
-failed with the package: rank 0 raised ``RanksWithoutPackageError`` naming rank 1, which runs
-it, or hung. ``OLD_BOUND`` sets that wait short, so that it fails in seconds there; nothing
-reads it now."""
+NVRx's)."""
 
 import os
 import textwrap
@@ -22,7 +16,6 @@ from conftest import last_json, needs_nvrx, run_codes
 
 pytestmark = [needs_nvrx, pytest.mark.worker]
 
-OLD_BOUND = {"NVRX_IPC_FIX_PEERS_TIMEOUT": "0.5"}
 #: Seconds between rank 0's first save and rank 1's (``NEVER_WORSE_GAP_S=30``: the gap the
 #: matrix names; the order is kept by events, so the old check fails at any gap).
 GAP_S = float(os.environ.get("NEVER_WORSE_GAP_S", "1"))
@@ -49,7 +42,7 @@ def job(tmp_path, steps, package=True, without=(), timeout=60, env=None, views=N
         )
     reports = []
     for rc, out, err in run_codes(
-        codes, fix=package, env={**OLD_BOUND, **(env or {})}, timeout=2 * timeout + 60
+        codes, fix=package, env=env, timeout=2 * timeout + 60
     ):
         assert rc == 0, err[-3000:]
         warned = [line for line in err.splitlines() if "RuntimeWarning: nvrx_ipc_fix" in line]
