@@ -41,9 +41,7 @@ def job(tmp_path, steps, package=True, without=(), timeout=60, env=None, views=N
     """)
         )
     reports = []
-    for rc, out, err in run_codes(
-        codes, fix=package, env=env, timeout=2 * timeout + 60
-    ):
+    for rc, out, err in run_codes(codes, fix=package, env=env, timeout=2 * timeout + 60):
         assert rc == 0, err[-3000:]
         warned = [line for line in err.splitlines() if "RuntimeWarning: nvrx_ipc_fix" in line]
         reports.append(dict(last_json(out), stderr=err[-3000:], warnings=warned))
