@@ -80,7 +80,7 @@ def guard(process):
         try:
             with _lock:
                 _guard(process)
-        except _CannotRun:  # said once, when it was found
+        except _CannotRun:  # already warned once, when it was first found
             pass
     if it.failed:
         _failure = f"{type(it.failed).__name__}: {it.failed}"

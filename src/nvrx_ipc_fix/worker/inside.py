@@ -7,7 +7,7 @@ worker too, which is harmless: nothing there closes workers or prepares writes.
 
 The files are in a directory of the trainer's own (``directory``: ``mkdtemp``, mode 0700,
 removed when the trainer exits), never under a name another user of the machine could plant
-in the shared temporary directory. The worker learns it from the requests that run these
+in the shared temporary directory. The worker gets its path from the requests that run these
 functions (``reporting``, ``warm_up``), whatever started it (NVRx's spawn, a fork, the
 standby), and writes there only if it is still a directory of its user that no one else may
 write to, never through a symbolic link.
