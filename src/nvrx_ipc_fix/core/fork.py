@@ -70,7 +70,7 @@ def _run():
     for callback, target in _callbacks:
         try:
             callback()
-        except Exception as exc:  # noqa: BLE001 said; the child goes on
+        except Exception as exc:  # noqa: BLE001 warned; the child continues
             _failed(callback, target, exc)
 
 

@@ -158,7 +158,7 @@ def _on_import(module):
             return
         _install_decided(decided, module, steps)
         notices = _losses.lost(mine, _verdicts)
-        if found and found[0] not in _seen_dists:  # said at its first target module
+        if found and found[0] not in _seen_dists:  # warned about at its first target module
             _seen_dists.add(found[0])
             notices += _losses.untested(found, _verdicts)
     if notices:

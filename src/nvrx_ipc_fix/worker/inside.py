@@ -128,7 +128,7 @@ def take_file(pid, kind):
     """The text the worker ``pid`` left of ``kind``, the file removed; None if there is none."""
     path = _private[0]
     if pid is None or path is None or _private[1] != os.getpid():
-        return None  # no directory yet: no worker was told one
+        return None  # no directory yet: no worker was given one
     name = os.path.join(path, WORKER_FILE.format(pid=pid, kind=kind))
     try:
         with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW), encoding="utf-8") as found:
