@@ -1,4 +1,5 @@
-"""Ray: a worker setup hook that cannot stop a worker, and the ``runtime_env`` that carries it.
+"""Ray: a worker setup hook that never makes a worker fail, and the ``runtime_env`` that
+carries it.
 
 Ray runs a job's ``worker_process_setup_hook`` in every worker of the job, whatever
 environment (``py_executable``) the worker runs from. The string form

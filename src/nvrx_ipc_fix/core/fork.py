@@ -8,8 +8,8 @@ with ``renewed`` (released in the child, before anything else runs there); each 
 owns other such state registers a callback with ``in_child``; the callbacks run in the child
 in the order they were registered. One that raises is a defect of the package: one
 ``RuntimeWarning`` in the child (``status()`` there names it, where the callback serves a
-target), and the others still run. A child also inherits the parent's ``atexit`` handlers:
-``at_exit`` runs one only in the process that registered it. Imports only ``os`` and
+target), and the remaining callbacks still run. A child also inherits the parent's ``atexit``
+handlers: ``at_exit`` runs one only in the process that registered it. Imports only ``os`` and
 ``atexit``.
 """
 
@@ -70,7 +70,7 @@ def _run():
     for callback, target in _callbacks:
         try:
             callback()
-        except Exception as exc:  # noqa: BLE001 said; the child goes on
+        except Exception as exc:  # noqa: BLE001 warned; the child continues
             _failed(callback, target, exc)
 
 

@@ -14,7 +14,7 @@ switched off and recorded, and takes the steps again at the next ``activate()``.
 Activation imports only ``os``, ``sys`` and ``_thread``; ``patching``, ``losses``, wrapt,
 ``inspect`` and ``logging`` are imported when a target module is imported (torch is loaded
 by then). A child made by ``os.fork()`` gets a fresh lock; once NVRx's or megatron-core's
-checkpoint module is imported, it also lets go of the parent's workers (``inherited``).
+checkpoint module is imported, it also detaches from the parent's workers (``inherited``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ _calls: dict[str, Patch] = {}
 
 
 def activate() -> Status:
-    """Patch every target already imported and hook the others. Idempotent.
+    """Patch every target already imported; patch the rest when they are imported.
+    Idempotent.
 
     Returns ``status()``. Does nothing when ``NVRX_IPC_FIX_DISABLE=1``.
     """
@@ -157,7 +158,7 @@ def _on_import(module):
             return
         _install_decided(decided, module, steps)
         notices = _losses.lost(mine, _verdicts)
-        if found and found[0] not in _seen_dists:  # said at its first target module
+        if found and found[0] not in _seen_dists:  # warned about at its first target module
             _seen_dists.add(found[0])
             notices += _losses.untested(found, _verdicts)
     if notices:

@@ -1,7 +1,8 @@
 """The warnings given when a fix does not apply where it should, and when NVRx or megatron-core is
-newer than tested. A fix goes in all or nothing per module: a target held back by another's
-loss says so (``held_reason``). ``lifecycle`` warns with these texts once each; the status
-shows a lost fix's as its reason (``loss``)."""
+newer than tested. A fix goes in all or nothing per module: a target not installed because
+another target of its fix does not apply gives that reason (``held_reason``). ``lifecycle``
+warns with these texts once each; the status shows a lost fix's text as its reason
+(``loss``)."""
 
 from . import detect as _detect
 from .status import LOST

@@ -12,9 +12,10 @@ prewarm and the after-fork code reach what differs.
   without ``cleanup_tensor_caches``; the queue a save's results come back in
   (``results_queue``).
 * **The results-queue manager**: a process of the rank's that the worker's writes wait on
-  (the stall watch samples it); a child of ``os.fork()`` lets go of it, and of megatron-core's
-  class-level worker.
-* **The finalize collective**: the one-int sum the worker watch's failure flag rides on.
+  (the stall watch samples it); a child of ``os.fork()`` detaches from it and from
+  megatron-core's class-level worker.
+* **The finalize collective**: the one-int sum to which the worker watch adds its failure
+  flag.
 
 Importing this module imports ``detect`` only (activation reads the probes from here).
 """
@@ -248,7 +249,7 @@ def worker_loop(module):
     process target that NVRx pickles (the code that starts the worker does not name it)?"""
     watched = persistent_worker(module)
     if watched is None or watched[0] != "active":
-        return watched  # the rest of the watch stands aside: so does this part
+        return watched  # the worker watch is not installed, so neither is this part
     caller = module.PersistentAsyncCaller
     if "async_process_target" not in vars(caller):
         return "not_applicable", (
@@ -266,7 +267,7 @@ def caller_queues(module):
     that what its request queue cannot send is known before the queue's first put?"""
     watched = persistent_worker(module)
     if watched is None or watched[0] != "active":
-        return watched  # the rest of the watch stands aside: so does this part
+        return watched  # the worker watch is not installed, so neither is this part
     shape = caller_shape(module.PersistentAsyncCaller)
     if shape.on_class or shape.queues != NVRX_QUEUES:
         return "not_applicable", (
@@ -659,12 +660,12 @@ def failed_retrieval(fs, retrieve, exc):
         return wrap(raised)
 
 
-# -- the results-queue manager; a child of os.fork(): what it lets go of ----------------------
+# -- the results-queue manager; a child of os.fork(): what it detaches from -----------------
 
 
 def detach_class_worker(module):
-    """megatron-core's worker of this process, on its classes: the classes let go of it;
-    ``(its process, what the classes held, the queue class's caller)``, or Nones."""
+    """Remove megatron-core's worker of this process from its classes. Returns ``(its
+    process, what the classes held, the queue class's caller)``, or Nones."""
     caller_class = getattr(module, "PersistentAsyncCaller", None)
     queue_class = getattr(module, "AsyncCallsQueue", None)
     if caller_class is None or queue_class is None:
@@ -701,8 +702,8 @@ def results_manager(fs):
 # -- the finalize collective ------------------------------------------------------------------
 
 #: NVRx's finalize all-reduce, ``AsyncCaller.sync_all_async_calls`` (NVRx 0.4.1-0.7.0,
-#: megatron-core 0.12-0.19 alike): one int per rank, summed. The worker watch's failure flag
-#: rides on it (``fixes/worker_watch.py``); only this shape carries it.
+#: megatron-core 0.12-0.19 alike): one int per rank, summed. The worker watch adds its failure
+#: flag to that int (``fixes/worker_watch.py``); only this shape carries it.
 COLLECTIVE = """
 def sync_all_async_calls(self, is_alive):
     ten = torch.tensor([is_alive], dtype=torch.int, device=torch.cuda.current_device())
@@ -791,8 +792,8 @@ def summed(call):
 
 def hold_reads(queue):
     """Hold ``queue``'s read lock (a multiprocessing queue's), so that a ``get_nowait`` in
-    this thread finds it empty; returns what lets it go (nothing to let go where another
-    reader holds it: that ``get_nowait`` finds it empty too)."""
+    this thread finds it empty. Returns the function that releases the lock (a no-op where
+    another reader holds it: that ``get_nowait`` finds the queue empty too)."""
     lock = queue._rlock
     if lock.acquire(False):
         return lock.release

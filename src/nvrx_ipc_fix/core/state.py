@@ -28,7 +28,7 @@ def activated():
 
 def on_deactivate(stop, first=False):
     """Register ``stop()``, which ``deactivate()`` runs before it unpatches (``first``: before
-    the others registered); returns it."""
+    the callbacks already registered); returns it."""
     deactivations.insert(0, stop) if first else deactivations.append(stop)
     return stop
 

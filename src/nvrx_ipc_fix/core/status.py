@@ -114,7 +114,7 @@ class Status:
     #: Each call with a wrapper of ours: its region and its steps in order.
     calls: tuple[CallStatus, ...] = ()
     #: Whether every rank of the job runs the package, checked at a persistent worker's
-    #: finalize all-reduce (``worker.peers``), the ranks named, or why that cannot be told.
+    #: finalize all-reduce (``worker.peers``): the ranks without it, or why it cannot be checked.
     peers: str = PEERS_NOT_CHECKED
     #: The guardian (``worker.guardian``): its pid and how many live processes it guards, which
     #: it kills with their descendants if this process dies first; or why none runs.

@@ -16,9 +16,10 @@ the writer, nothing is: a queue that forks a process per save (that process sees
 trainer's private memory as at the fork: only a tensor already in shared memory is copied)
 and a save the trainer writes itself. The copies of a save are kept for the worker's next save
 of the same tensors (shapes, strides, dtypes), once their own save was finalized, so that a
-save copies into pages already in memory; they are dropped when the worker is closed,
-released or lets go, and ``NVRX_IPC_FIX_SNAPSHOT_KEEP=off`` keeps none. NVRx 0.7.0 clones every
-CPU tensor in ``prepare_write_data`` itself (NVRx PR #376): there the fix stands aside
+save copies into pages already in memory. They are dropped when the worker is closed or
+released, or when the package stops tracking it (a dead worker), and
+``NVRX_IPC_FIX_SNAPSHOT_KEEP=off`` keeps none. NVRx 0.7.0 clones every CPU tensor in
+``prepare_write_data`` itself (NVRx PR #376): there the fix is not installed
 (``shapes.cpu_snapshots``).
 """
 
@@ -74,7 +75,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs):
     tensors this thread's last planned save sends as the planner gave them are replaced by
     copies before NVRx sends them: on a persistent worker, into shared memory; on a queue that
     forks a process per save, only those already in shared memory, which that process shares
-    (the others it sees as at the fork)."""
+    (it sees every other tensor as it was at the fork)."""
     planned, _planned.save = getattr(_planned, "save", None), None
     writer = planned[0]() if planned is not None else None
     if writer is None:
@@ -96,7 +97,7 @@ def schedule_wrapper(wrapped, queue, args, kwargs):
 
 def _taken(queue, caller):
     """The kept copies of ``caller`` whose save is finalized: the last of them stays
-    ``free`` for the next save (``_snapshot`` takes it), the others are dropped."""
+    ``free`` for the next save (``_snapshot`` takes it), and the rest are dropped."""
     with _lock:
         kept = _kept.get(caller) if caller is not None else None
         if kept is None:
@@ -147,7 +148,8 @@ def _snapshot(writer, given, free, persistent):
 
 
 def _drop_all():
-    """The worker was closed or let go, or the trainer's caches were cleared: keep nothing."""
+    """Drop every kept copy: the worker was closed or is no longer tracked, or the trainer's
+    caches were cleared."""
     with _lock:
         _kept.clear()
 

@@ -51,7 +51,7 @@ _shared: weakref.WeakSet[Any] = weakref.WeakSet()
 #: of those, the ones whose time in flight overlapped another's
 _mixed: weakref.WeakSet[Any] = weakref.WeakSet()
 _fell_back = [False]  # has any save of this process kept NVRx's shared queue?
-#: writer -> the queue of its own it was given (let go once its finalize took the results)
+#: writer -> its own results queue (its proxy is released once its finalize took the results)
 _given: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
@@ -76,8 +76,8 @@ def prepare_write_data_wrapper(wrapped, instance, args, kwargs):
 
 def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
     """Around ``FileSystemWriterAsync.retrieve_write_results()``: NVRx's result, or, for a
-    save on the shared queue that overlapped another, a failure. A queue of the save's own
-    is let go (its results are taken)."""
+    save on the shared queue that overlapped another, a failure. The save's own queue, whose
+    results are now taken, is released (``shapes.let_go``, off this thread)."""
     result = wrapped(*args, **kwargs)
     with guard(RETRIEVE_TARGET, fix=FIX) as it:
         with _lock:
@@ -103,14 +103,14 @@ def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
 
 
 class _Ahead:
-    """The thread that makes the next save's results queue ahead and lets the finalized
-    saves' queues go, off the training thread; started by the first save."""
+    """The thread that creates the next save's results queue in advance and releases the
+    proxies of finalized saves' queues, off the training thread; started by the first save."""
 
     def __init__(self):
         self.cond = threading.Condition()
         self.spare = None  # (manager, queue): the next save's queue
         self.wanted = None  # the manager to make the next queue from
-        self.done = []  # queues to let go
+        self.done = []  # queues whose proxies to release
         self.thread = None
 
     def take(self, manager):
@@ -148,7 +148,7 @@ class _Ahead:
                 for queue in done:
                     _shapes.let_go(queue)
             except Exception:  # noqa: BLE001 a manager gone (any error of its proxy): the next
-                continue  # save makes its own queue (and says why, where it cannot)
+                continue  # save makes its own queue (and logs why, where it cannot)
             with self.cond:
                 if made and self.wanted in (None, manager):  # else a new manager's is wanted
                     made, self.spare, self.wanted = self.spare, made, None

@@ -1,6 +1,7 @@
 """Fix ``prewarm``: a persistent queue's worker started ahead of its first save
 (``NVRX_IPC_FIX_PREWARM=start``, at the queue's creation), and a save handed to a prewarmed
-worker only once it is ready (one that failed is let go first, and NVRx starts a fresh one).
+worker only once it is ready (one that failed is first stopped and detached from its queue,
+and NVRx starts a fresh one).
 The starting itself is ``worker.prewarm``'s.
 """
 
@@ -38,7 +39,8 @@ def init_wrapper(wrapped, queue, args, kwargs):
 
 def schedule_wrapper(wrapped, queue, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``AsyncCallsQueue.schedule_async_request``: a prewarmed worker gets the save once
-    it is ready; one that failed is let go first, and NVRx starts a fresh one."""
+    it is ready; one that failed is first stopped and detached from its queue, and NVRx
+    starts a fresh one."""
     if _finalizing():
         return wrapped(*args, **kwargs)
     with _prewarming.scheduling(queue):

@@ -12,8 +12,8 @@ CUDA driver cannot suspend, ``restart``, whose next worker, started at the onloa
 ahead, takes the save after the onload as fast as a kept one. After a blocking finalize,
 where no onload follows, it is ``release()``'s.
 NeMo RL builds that carry PR #3322 terminate the worker themselves in
-``offload_before_refit``/``offload_after_refit`` when their config asks for it; then the
-package stays out of the way (no second release).
+``offload_before_refit``/``offload_after_refit`` when their config asks for it; there the
+package does not release a second time.
 
 The points where the model comes back (``prepare_for_training``, slime's ``wake_up``, and
 ``prepare_for_lp_inference`` / the value worker's ``prepare_for_inference``, which also move

@@ -3,6 +3,6 @@ NVRx's callers and workers (``registry``), the watch of their waits (``monitor``
 inside the worker (``inside``), starting it ahead (``prewarm``, from the ``standby``, a
 ``private_forkserver``, checked by ``standby_probe``), keeping it with nothing on the device
 (``suspend``, ``cuda_checkpoint``), releasing what it maps (``release``: ``release()``,
-``offloading()`` and the automatic release), and letting go of a parent's workers in a child
-of ``os.fork()`` (``inherited``). Imports only ``core``; importing this package imports none
+``offloading()`` and the automatic release), and detaching a child of ``os.fork()`` from
+its parent's workers (``inherited``). Imports only ``core``; importing this package imports none
 of them."""

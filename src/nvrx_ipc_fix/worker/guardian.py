@@ -7,24 +7,24 @@ the trainer, and the standby and its workers keep each other alive.
 
 It is started by the first ``guard`` (never at import or activation), as
 ``python -S -I worker/guardian_process.py <trainer pid> <private directory>``, with every
-descriptor but its three closed (``close_fds``: it holds none of the trainer's pipes): stdin
-a pipe from the trainer, stdout a pipe on which it says once that it watches, stderr a file
-in the package's private directory (``inside.directory()``). It watches the trainer through
-the kernel (a pidfd, Linux 5.3+; without one, the pipe's EOF). ``guard`` writes ``<pid>
-<start time>`` to the pipe. A guarded process that ends is forgotten there; one the trainer
-leaves when it dies is killed with its descendants, and then the private directory (the
-guardian's stderr, what the workers left) is removed. At the trainer's clean exit the
-guardian sees the exit too and kills what is left (nothing, normally: the package's and
-multiprocessing's exit handlers stop the workers, and the directory is removed by then). A
-guardian that was killed is replaced by the next ``guard``, which hands the new one what is
-still alive. One that ended by itself or before it watched could not run here (a Python that
-cannot start ``-S -I``, no process to spare): none is started again in this process, one
-``RuntimeWarning`` gives its exit status and stderr, and saves go on as NVRx's.
+descriptor but its three closed (``close_fds``: it holds none of the trainer's pipes): stdin a
+pipe from the trainer, stdout a pipe to which it writes one byte once it watches, stderr a file
+in the package's private directory (``inside.directory()``). It watches the trainer through the
+kernel (a pidfd, Linux 5.3+; without one, the pipe's EOF). ``guard`` writes ``<pid> <start
+time>`` to the pipe. A guarded process that ends is forgotten there; one the trainer leaves when
+it dies is killed with its descendants, and then the private directory (the guardian's stderr,
+what the workers left) is removed. At the trainer's clean exit the guardian sees the exit too
+and kills what is left (nothing, normally: the package's and multiprocessing's exit handlers
+stop the workers, and the directory is removed by then). A guardian that was killed is replaced
+by the next ``guard``, which sends the new one the pids of the processes still alive. One that
+ended by itself or before it watched could not run here (a Python that cannot start ``-S -I``,
+no process to spare): none is started again in this process, one ``RuntimeWarning`` gives its
+exit status and stderr, and saves go on as NVRx's.
 
-A child made by ``os.fork()`` closes its copy of the pipe and forgets the guardian (a
-forked worker must not keep the trainer's pipe open: without pidfds that EOF is the
-trainer's death); it starts its own if it starts workers. ``status().guardian`` says what
-runs and why not.
+A child made by ``os.fork()`` closes its copy of the pipe and drops its record of the guardian
+(a forked worker must not keep the trainer's pipe open: without pidfds that EOF is the trainer's
+death); it starts its own if it starts workers. ``status().guardian`` says what runs and why
+not.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ class _Guardian(subprocess.Popen):
 _lock = _fork.renewed(threading.Lock())
 _process = None  # the _Guardian running for this process
 _pipe = None  # the write end of its stdin (a descriptor)
-_ready = None  # the read end of its stdout, where it says that it watches
+_ready = None  # the read end of its stdout, where it writes a byte once it is watching
 _broken = None  # why no guardian can run in this process: none is started again
-_guarded: dict[int, float | None] = {}  # pid -> start time, of what the guardian was told
+_guarded: dict[int, float | None] = {}  # pid -> start time, of each process sent to the guardian
 #: the process objects guarded (their pid is not read again)
 _seen: weakref.WeakSet[Any] = weakref.WeakSet()
 _started = 0  # guardians started by this process
@@ -80,7 +80,7 @@ def guard(process):
         try:
             with _lock:
                 _guard(process)
-        except _CannotRun:  # said once, when it was found
+        except _CannotRun:  # already warned once, when it was first found
             pass
     if it.failed:
         _failure = f"{type(it.failed).__name__}: {it.failed}"
@@ -100,7 +100,7 @@ def adopt(queue):
                 return  # the same objects as the last save's, guarded by a live guardian
             if _process is not None:
                 with _lock:
-                    _running()  # one that died is replaced, and told what is still alive
+                    _running()  # a dead guardian is replaced; the new one gets the pids still alive
         except _CannotRun:
             return
     if it.failed:
@@ -146,7 +146,7 @@ class _CannotRun(Exception):
 
 
 def _running():
-    """Start the guardian if none runs; a new one is told what is still alive. Raises
+    """Start the guardian if none runs; a new one gets the pids still alive. Raises
     ``_CannotRun`` where none can run here."""
     global _process, _pipe, _ready, _started
     if _process is not None and _process.poll() is None:

@@ -17,9 +17,10 @@ nothing more comes (the trainer closed it: an exec); the pidfd says when the tra
 Then it removes ``<directory>``, the trainer's private one (``inside.directory()``, where its
 own stderr is): a killed trainer runs no exit handler to remove it.
 
-So that a guardian killed in the middle of that walk leaves no process stopped, it first
-forks a twin, to which it names each process before it stops it; when the guardian has
-ended, however, the twin walks again from the same processes (a no-op where all are gone).
+A guardian killed while it ends these process trees could leave a process stopped. To
+prevent that, it first forks a copy of itself (``twin``) and writes each process's pid to it
+before it stops that process. When the guardian has exited, for whatever reason, the copy ends
+the same processes and their descendants again (a no-op where all are gone).
 """
 
 import os
@@ -176,7 +177,7 @@ def end_trees(roots, tell=None, bound=2.0):
                 if tell is not None:
                     try:
                         os.write(tell, f"{child} {start}\n".encode())
-                    except OSError:  # the twin is gone
+                    except OSError:  # the forked copy has exited
                         tell = None
                 below[child] = fd
         for pid, fd in generation.items():
@@ -270,8 +271,9 @@ def main(argv):
 
 
 def twin(guarded):
-    """Fork the twin that walks again once this process has ended (see the module's
-    docstring); the descriptor to name processes on, or None (no fork)."""
+    """Fork a copy of this process that ends the same processes again once this process
+    has exited (see the module's docstring). Returns the descriptor to write their pids to,
+    or None if the fork failed."""
     try:
         named, tell = os.pipe()
         if os.fork() != 0:

@@ -1,4 +1,4 @@
-"""In a child made by ``os.fork()``: let go of the parent's NVRx checkpoint workers.
+"""In a child made by ``os.fork()``: detach from the parent's NVRx checkpoint workers.
 
 The child inherits NVRx's objects that name the parent's processes (each queue's caller and
 its pending saves, NVRx's warm-up slot ``AsyncCallsQueue._warmup_persistent_caller``,
@@ -8,7 +8,7 @@ processes as the child's own. Both act on the parent's worker when the child end
 
 * multiprocessing's exit handler SIGTERMs the daemonic ones (the persistent worker: the
   parent's next save dies in its preload handshake, exit code 143; without the package it
-  waits for ever) and fails on the others ("can only join a child process").
+  waits for ever) and fails on the non-daemonic ones ("can only join a child process").
 * NVRx's close, which its ``__del__`` runs when the child collects the queue or the caller,
   puts ``DONE`` on the worker's request queue and waits in ``queue.join()``. In the child the
   put only buffers the item for the queue's feeder thread, which is the parent's (the child
@@ -21,9 +21,9 @@ makes starts a worker and a manager of its own. What is dropped stays referenced
 child exits, so that no ``__del__`` runs inside the fork.
 
 Only NVRx's processes leave ``_children``, not every inherited one, although none of them is
-the child's (multiprocessing empties the set in the children it starts itself): the others
-(a DataLoader's workers, the user's daemons) are none of this package's business, and it
-does not change what Python does to them.
+the child's (multiprocessing empties the set in the children it starts itself). The other
+processes (a DataLoader's workers, the user's daemons) are not this package's concern, and
+it does not change what Python does to them.
 """
 
 from __future__ import annotations

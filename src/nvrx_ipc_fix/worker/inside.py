@@ -7,7 +7,7 @@ worker too, which is harmless: nothing there closes workers or prepares writes.
 
 The files are in a directory of the trainer's own (``directory``: ``mkdtemp``, mode 0700,
 removed when the trainer exits), never under a name another user of the machine could plant
-in the shared temporary directory. The worker learns it from the requests that run these
+in the shared temporary directory. The worker gets its path from the requests that run these
 functions (``reporting``, ``warm_up``), whatever started it (NVRx's spawn, a fork, the
 standby), and writes there only if it is still a directory of its user that no one else may
 write to, never through a symbolic link.
@@ -128,7 +128,7 @@ def take_file(pid, kind):
     """The text the worker ``pid`` left of ``kind``, the file removed; None if there is none."""
     path = _private[0]
     if pid is None or path is None or _private[1] != os.getpid():
-        return None  # no directory yet: no worker was told one
+        return None  # no directory yet: no worker was given one
     name = os.path.join(path, WORKER_FILE.format(pid=pid, kind=kind))
     try:
         with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW), encoding="utf-8") as found:

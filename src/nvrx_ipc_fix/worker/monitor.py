@@ -1,5 +1,5 @@
-"""The monitor: one daemon thread that ends waits on a dead checkpoint worker and reports
-waits that make no progress.
+"""The monitor: one daemon thread that unblocks the trainer's waits on a dead checkpoint
+worker and reports waits that make no progress.
 
 A *wait* is a stretch of trainer code that waits on its persistent checkpoint worker (the
 preload handshake of a save, a blocking finalize, a close) or in NVRx's finalize all-reduce.

@@ -1,33 +1,37 @@
-"""Does every rank run the package? Told only where the host waits for NVRx's finalize
-all-reduce, and only warned: a job with a rank without the package goes on as NVRx alone
-would (docs/failures.md).
+"""Check whether every rank runs the package. The check runs only where the host waits for
+NVRx's finalize all-reduce, and it only warns: a job in which a rank lacks the package goes on
+as it would with NVRx alone (docs/failures.md).
 
-Where: a persistent worker's finalize whose failure flag rides NVRx's all-reduce
-(``sync_all_async_calls`` inside ``is_current_async_call_done``, ``no_dist=False``): there the
-host reads the sum (``worker_watch._sync``), so every rank had entered the all-reduce. Never at
-a non-persistent queue's all-reduce (NCCL's returns on the host before the others entered it),
-nor with ``no_dist=True`` (no all-reduce).
+Where: at the finalize of a persistent worker where the worker watch adds its failure flag to
+NVRx's all-reduce (``sync_all_async_calls`` inside ``is_current_async_call_done``,
+``no_dist=False``). There the host reads the sum (``worker_watch._sync``), so every rank has
+entered the all-reduce. The check never runs at a non-persistent queue's all-reduce (NCCL's
+returns on the host before the other ranks have entered it), nor with ``no_dist=True`` (no
+all-reduce).
 
-How: before entering such an all-reduce, until it worked once in the group, a rank appends its
-rank to the group's key (``before``); after the sum was read, it reads that key once
-(``after``): every rank with the package had written by then, unless its store failed. A rank
-missing there is named only if it is still missing at a riding finalize ``SETTLE_S`` or more
-later (a rank whose store was down writes at its next one). While a rank is missing, this
-rank's failure flag stays out of the all-reduce (``flag_rides``), so that a rank without the
-package never reads it as "not done". Named: one ``RuntimeWarning`` per group, and
-``status()``; nothing raised, nothing waited for. A store error on this rank: one warning
-that it cannot tell, then only its own word is written again (never a rank named).
+How: before it enters such an all-reduce, a rank appends its rank number to the group's key in
+the store (``before``), until this has succeeded once in the group. After the sum was read, the
+rank reads that key once (``after``). By then every rank with the package has written its
+number, unless its store failed. A rank missing from the key is reported only if it is still
+missing at a finalize with the flag ``SETTLE_S`` or more later (a rank whose store was down
+writes at its next finalize). While any rank is missing, this rank leaves its failure flag out
+of the all-reduce (``flag_rides``), so that a rank without the package never reads the flag as
+"not done". A missing rank is reported by one ``RuntimeWarning`` per group and in
+``status()``; nothing is raised and nothing waits. If the store fails on this rank, the package
+warns once that it cannot tell, and then only writes this rank's own number (it never reports
+another rank).
 
-The key, ``nvrx_ipc_fix/peers/<generation>``: the generation is this rank number's count of
-groups checked on this store (``store.add`` of ``nvrx_ipc_fix/peers/groups/<rank>``), the same
-on every rank where each ran the package in every earlier group, so that a group made again
-on the same store (``destroy_process_group``, ``init_process_group``) has a key of its own;
-the module's state is reset at a new group. A named rank's count is set to the group's
-generation by the ranks that named it (``compare_set``), so that it stays in step. A key of
-an old group stays (a few bytes). Where a rank number's holder made no riding finalize in an
-earlier group on the same store and was not named there (or its store was down past
-``SETTLE_S``), its count lags: in a later group it is named though it runs the package (a
-warning; nothing else changes but the flag staying out).
+The key is ``nvrx_ipc_fix/peers/<generation>``. The generation is the number of groups this
+rank number has checked on this store (``store.add`` of ``nvrx_ipc_fix/peers/groups/<rank>``).
+It is the same on every rank if each rank ran the package in every earlier group, so a group
+created again on the same store (``destroy_process_group``, ``init_process_group``) gets a key
+of its own; the module's state is reset for a new group. The ranks that report a missing rank
+set that rank's count to the group's generation (``compare_set``), so that its count stays in
+step. An old group's key stays in the store (a few bytes). If the process holding a rank number
+made no finalize with the flag in an earlier group on the same store and was not reported there
+(or its store was down for longer than ``SETTLE_S``), its count falls behind: in a later group
+it is reported as missing though it runs the package. The only effects are a warning and the
+flag left out of the all-reduce.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ class Group:
     def __init__(self, group, rank, world):
         self.group, self.rank, self.world = group, rank, world  # group: a weak reference
         self.key = None  # the group's key, once this rank's generation is known
-        self.said = False  # this rank's word is in it
+        self.said = False  # this rank's number is in the key
         self.saying = False  # a thread is writing it (another finalize's skips it)
         self.first = None  # when a rank was first found missing
         self.missing = ()  # the ranks missing at the last read
@@ -90,7 +94,8 @@ def _store():
 
 
 def before():
-    """Before a riding all-reduce: this rank's word, until it is in the store."""
+    """Before an all-reduce that carries the failure flag: write this rank's number to the
+    group's key, unless it is already there."""
     mine = _current()
     if mine is None or mine.said:
         return
@@ -100,15 +105,15 @@ def before():
         mine.saying = True
     try:
         say(mine, _store())
-    except STORE_ERRORS as exc:  # written again before the next one
+    except STORE_ERRORS as exc:  # written again before the next all-reduce
         _cannot_tell(mine, exc)
     finally:
         mine.saying = False
 
 
 def after():
-    """After that all-reduce's sum was read: the other ranks' words, read once, and once more
-    ``SETTLE_S`` later where one was missing."""
+    """After that all-reduce's sum was read: read the other ranks' numbers from the key once,
+    and once more ``SETTLE_S`` later if a rank was missing."""
     mine = _current()
     if mine is None or mine.done or not mine.said:
         return
@@ -124,14 +129,14 @@ def after():
 
 
 def flag_rides():
-    """May this rank's failure flag ride the all-reduce? Not while a rank may lack the
-    package (it would read the flag as "not done yet")."""
+    """Whether this rank may add its failure flag to NVRx's all-reduce. It may not while a
+    rank may lack the package (that rank would read the flag as "not done yet")."""
     mine = _group
     return mine is None or not mine.missing
 
 
 def say(mine, store):
-    """This rank's word in the group's key (its generation counted first)."""
+    """Append this rank's number to the group's key (counting its generation first)."""
     if mine.key is None:
         mine.key = f"{PREFIX}{int(store.add(f'{PREFIX}groups/{mine.rank}', 1))}"
     store.append(mine.key, f"{mine.rank},")
@@ -139,7 +144,8 @@ def say(mine, store):
 
 
 def hear(mine, store, now):
-    """The ranks' words read: what ``status()`` says, and whether it is warned of."""
+    """Read the ranks' numbers from the key. Returns the text for ``status()`` and whether
+    to warn."""
     there = {int(rank) for rank in store.get(mine.key).decode().split(",") if rank}
     mine.missing = tuple(rank for rank in range(mine.world) if rank not in there)
     if not mine.missing:
@@ -158,11 +164,11 @@ def hear(mine, store, now):
         )
     mine.done = True
     generation = int(mine.key[len(PREFIX) :])
-    try:  # each named rank counted as if it had checked: its key in a later group is the same
+    try:  # count each missing rank as if it had checked, so its key in a later group matches
         for rank in mine.missing:
             old = str(generation - 1) if generation > 1 else ""
             store.compare_set(f"{PREFIX}groups/{rank}", old, str(generation))
-    except STORE_ERRORS:  # it then lags: named again in a later group, a warning
+    except STORE_ERRORS:  # its count then falls behind: reported again in a later group
         pass
     return _named(mine, generation), True
 
@@ -193,13 +199,13 @@ def _cannot_tell(mine, exc):
         "NVRx's behaviour stays",
         warned=True,
     )
-    # names no one, and the flag rides as where every rank runs it; its own word is still
-    # written (before)
+    # reports no rank, and adds the flag to the all-reduce as if every rank ran the package;
+    # this rank's number is still written (before)
     mine.done, mine.missing = True, ()
 
 
 def _said(mine, text, warned=False):
-    """``status()`` says ``text``; once per group, a warning."""
+    """Set ``text`` for ``status()``; if ``warned``, also warn once per group."""
     global _why
     from ..core.log import logger, warn
 

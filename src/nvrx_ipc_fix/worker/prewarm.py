@@ -20,11 +20,11 @@ start-up time and reports a worker that dies first. ``schedule_wrapper`` waits f
 before a save goes to the worker (as long as the save would have waited for a worker it
 started itself), so the answer never reaches a finalize and no save goes to a dead worker. A
 prewarmed worker that died or failed before its first save is reported once (WARNING,
-``status().prewarm_failures``) and let go, and NVRx starts a fresh one for the save, as without
-prewarm. From its first save on it is an ordinary worker (the worker watch turns its death
-into ``CheckpointWorkerError``). ``release()`` with ``terminate`` or ``restart`` stops a worker
-that waits for its first save, and so do ``deactivate()`` and the interpreter's exit: it
-holds nothing.
+``status().prewarm_failures``), stopped and detached from its queue (``_let_go``), and NVRx
+starts a fresh one for the save, as without prewarm. From its first save on it is an ordinary
+worker (the worker watch turns its death into ``CheckpointWorkerError``). ``release()`` with
+``terminate`` or ``restart`` stops a worker that waits for its first save, and so do
+``deactivate()`` and the interpreter's exit: it holds nothing.
 
 *Pinned ahead* (``NVRX_IPC_FIX_PIN``, on by default): a fresh worker's first save otherwise
 pays for pinning host memory for its device-to-host copies, which a kept worker finds in
@@ -283,7 +283,8 @@ def _serving(queue, core):
 
 
 def _blocked(queue, core, rank):
-    """Why ``queue`` gets no worker now, or None (a dead unused worker is let go on the way)."""
+    """Why ``queue`` gets no worker now, or None. A dead unused worker found on the way is
+    detached from the queue (``_let_go``)."""
     if not _shapes.is_persistent(queue):
         return "not persistent (NVRx starts a process for each save)"
     if queue in _scheduling:
@@ -448,11 +449,12 @@ def _failed(start, why):
     )
 
 
-# -- handing over, letting go -----------------------------------------------------------------
+# -- handing over, stopping and detaching -----------------------------------------------------
 
 
 def take_over(queue):
-    """Before a save: wait for the worker prewarmed for ``queue``; let it go if it failed."""
+    """Before a save: wait for the worker prewarmed for ``queue``; stop and detach it if it
+    failed."""
     caller = _serving(queue, sys.modules[CORE])
     start = _starts.get(caller) if caller is not None else None
     if start is None:
@@ -509,7 +511,7 @@ def stop_unused():
         unused = list(_starts.items())
         _starts.clear()
     for caller, start in unused:
-        with guard(__name__):  # at exit or deactivate(): the others still stop
+        with guard(__name__):  # at exit or deactivate(): one failure does not stop the rest
             _let_go(None, caller, start)
 
 

@@ -3,7 +3,7 @@
 NVRx's caller puts each request on its worker's request queue, whose feeder thread pickles
 it. One that cannot be pickled (a lock, a lambda) goes to the queue's
 ``_on_queue_feeder_error``, which only prints it: the request is dropped, the worker never
-hears of it, and the trainer waits for ever in ``preload_q.join()`` for the worker's answer
+receives it, and the trainer waits for ever in ``preload_q.join()`` for the worker's answer
 to the handshake (without a ``preload_fn``, in the finalize). ``watch(caller)`` sets that
 attribute on the caller's request queue (the instance's: the class's, and every other
 queue, keep Python's), before the queue's first put, when the feeder thread looks it up.
