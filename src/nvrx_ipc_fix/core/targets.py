@@ -159,7 +159,7 @@ def _watch_calls(module, fix):
         Call(module, "AsyncCallsQueue.maybe_finalize_async_calls", (fix,), QUEUE),
         Call(module, "PersistentAsyncCaller.is_current_async_call_done", (fix,)),
         Call(module, "AsyncCaller.sync_all_async_calls", (fix,)),
-        Call(module, "PersistentAsyncCaller.close", (fix,)),
+        Call(module, "PersistentAsyncCaller.close", ("cpu_snapshot", fix)),
         Call(module, "AsyncCallsQueue.close", (fix,), CLOSE),
     )
 
@@ -206,7 +206,11 @@ CALLS = {
         Call(CORE, "AsyncCaller.sync_all_async_calls", ("worker_watch",)),
         # resumed before it is told to stop; the trainer's caches cleared once NVRx's close and
         # the watch's are done
-        Call(CORE, "PersistentAsyncCaller.close", ("suspend", "clear_on_close", "worker_watch")),
+        Call(
+            CORE,
+            "PersistentAsyncCaller.close",
+            ("suspend", "clear_on_close", "cpu_snapshot", "worker_watch"),
+        ),
         Call(CORE, "AsyncCallsQueue.close", ("worker_watch",), CLOSE),
         Call(
             CORE, "PersistentAsyncCaller.async_process_target", ("worker_watch",)
@@ -374,19 +378,28 @@ TARGETS = (
             )
             for module in (FS, MCORE_FS)
         ),
-        # the copy itself, at a schedule on a persistent worker; optional: the writer's target
-        # says whether the fix applies (a save noted there is copied here)
+        # the copy itself, at a schedule on a persistent worker, and the copies kept for the
+        # next save dropped at the worker's close; optional: the writer's target says whether
+        # the fix applies (a save noted there is copied here)
         *(
             Target(
                 "cpu_snapshot",
                 module,
-                "AsyncCallsQueue.schedule_async_request",
-                "fixes.cpu_snapshot:schedule_wrapper",
-                ("self", "async_request"),
+                attr,
+                f"fixes.cpu_snapshot:{step}",
+                params,
                 persistent_queue,
                 optional=True,
             )
             for module in (CORE, MCORE_ASYNC)
+            for attr, step, params in (
+                (
+                    "AsyncCallsQueue.schedule_async_request",
+                    "schedule_wrapper",
+                    ("self", "async_request"),
+                ),
+                ("PersistentAsyncCaller.close", "close_wrapper", ("self",)),
+            )
         ),
         Target(
             "prewarm",

@@ -95,6 +95,16 @@ def schedule_wrapper(wrapped, queue, args, kwargs):
     return result
 
 
+def close_wrapper(wrapped, caller, args, kwargs):
+    """Around ``PersistentAsyncCaller.close`` (NVRx's and megatron-core's): the worker's copies
+    are dropped with it (NVRx 0.4.1 keeps the closed caller)."""
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        with _lock:
+            _kept.pop(caller, None)
+
+
 def _taken(queue, caller):
     """The kept copies of ``caller`` whose save is finalized: the last of them stays
     ``free`` for the next save (``_snapshot`` takes it), and the rest are dropped."""
