@@ -57,7 +57,8 @@ SAVES = """
         if options.get("shared"):  # in shared memory already (after a save on NVRx 0.6.0's
             for tensor in state.values():  # persistent worker, or the user's own)
                 tensor.share_memory_()
-        if count > 1:  # on a GPU a CUDA tensor, which NVRx sends by CUDA IPC
+        if count > 1 and not options.get("sync"):  # on a GPU a CUDA tensor, sent by CUDA IPC
+            # (a save run in the trainer would copy the stand-in as a device tensor: not here)
             state["weight"] = (torch.zeros(numel, device="cuda") if torch.cuda.is_available()
                                else fakecuda.on_fake_device(torch.zeros(numel)))
         return state
@@ -95,9 +96,12 @@ SAVES = """
         save_fn, preload_fn, args = writer.get_save_function_and_args()
         gate = path + ".gate"
         finalize = partial(saver.save_state_dict_async_finalize, writer, metadata, dist_wrapper)
-        queue.schedule_async_request(made.core.AsyncRequest(
-            partial(gates.gated, gate, path + ".done", save_fn), args, [finalize],
-            preload_fn=preload_fn))
+        if options.get("sync"):  # written in the trainer before it returns: no gate
+            made.core.AsyncRequest(save_fn, args, [finalize], preload_fn=preload_fn).execute_sync()
+        else:
+            queue.schedule_async_request(made.core.AsyncRequest(
+                partial(gates.gated, gate, path + ".done", save_fn), args, [finalize],
+                preload_fn=preload_fn))
         own = {t.untyped_storage().data_ptr() for t in state.values() if t.device.type == "cpu"}
         sent = [t.untyped_storage().data_ptr() for t in sent_cpu(writer)]
         copied.append(sum(ptr not in own for ptr in sent))
@@ -262,6 +266,15 @@ def test_a_queue_that_forks_a_process_per_save(fix, shared):
     assert torn(report) == (3 if shared and not (fix or UPSTREAM) else 0), report
     # what is copied: by NVRx 0.7.0 every CPU tensor; by the fix only those it shares
     assert report["copied"] == [17 if UPSTREAM or (fix and shared) else 0] * 3, report
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["without", "with"])
+def test_a_synchronous_save_copies_nothing(fix):
+    """The request run in the trainer (``AsyncRequest.execute_sync``) writes before it
+    returns: nothing can tear, and the fix copies nothing (NVRx 0.7.0 still clones)."""
+    report = saves(ONE_SAVE, fix, count=17, sync=True)
+    assert torn(report) == 0, report
+    assert report["copied"] == [17 if UPSTREAM else 0] * 3, report
 
 
 needs_mcore = pytest.mark.skipif(
