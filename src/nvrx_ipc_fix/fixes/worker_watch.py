@@ -646,20 +646,24 @@ def _abort(wrapped, caller, args, kwargs, process):
         handshake = _workers.queues_of(caller)[1]
         if _shapes.abort_waits(caller):
             _wake(caller)
+    returned = False
     try:
-        return wrapped(*args, **kwargs)  # NVRx's abort and its errors are the caller's
+        result = wrapped(*args, **kwargs)  # NVRx's abort and its errors are the caller's
+        returned = True
+        return result
     finally:
         if state is not None:
-            _aborted_worker(_target(wrapped), caller, state, process, handshake)
+            _aborted_worker(_target(wrapped), caller, state, process, handshake, returned)
 
 
-def _aborted_worker(target, caller, state, process, handshake):
-    """After NVRx's abort of ``caller``'s ``process``: where it ended the worker, that worker
-    is let go as a dead one (``Death`` naming the abort: the save waiting on it, or finalized
-    later, raises; what it had completed is finalized) and a preload handshake waiting on it
-    is answered. Nothing here raises: a failure is the package's, said once."""
+def _aborted_worker(target, caller, state, process, handshake, returned):
+    """After NVRx's abort of ``caller``'s ``process``: where it returned (megatron-core's
+    SIGKILLs the worker and does not wait) or the worker is gone, that worker is let go as a
+    dead one (``Death`` naming the abort: the save waiting on it, or finalized later, raises;
+    what it had completed is finalized) and a preload handshake waiting on it is answered.
+    Nothing here raises: a failure is the package's, said once."""
     with guard(target, own=True):
-        if not _workers.alive(process):
+        if returned or not _workers.alive(process):
             state.death = _workers.Death(
                 _front(caller), process.pid, process.exitcode, None, state.aborting
             )
