@@ -6,18 +6,21 @@ Here: an abort (``abort_nvrx_checkpoint()``, as NVRx's in-process restart calls 
 monitor thread, or ``close(abort=True)``) from a second thread while the first is (a) in a
 blocking finalize that waits on a hung worker (stopped), or in NVRx's finalize all-reduce
 whose peer has not come (two gloo ranks), (b) in a save's preload handshake with a hung
-worker, (c) idle, or between a save's planning and its schedule. Before, the package's abort
-waited for the queue's lock, which the stuck save held: in (a) and (b) still blocked after
-15 s on NVRx 0.5.0-0.7.0 and megatron-core 0.17.1, where NVRx alone returns in NVRx's own
-time (``sigterm_timeout``, 2 s here); (c) and the planned save held there too, and stay so.
-Now it returns in that time (and at most ``ABORT_WAIT_S`` more), the first thread's call
-raises one ``CheckpointWorkerError`` that names the abort (NVRx alone: that thread waits for
-ever), or in the all-reduce has NVRx's own outcome once the peer comes, and the next save
-loads. One more, with the package only (NVRx alone has no suspend): an abort while a
-suspended worker resumes waits for that resume alone. Every wait is on a state reached (a
-thread inside a function, a worker stopped, an event), bounded.
+worker, (c) idle, or between a save's planning and its schedule. The abort takes no lock of
+the package's and waits for nothing of it: it returns in NVRx alone's time, measured in the
+same test (``MORE_S`` more at most, one sample each way; ``test_an_idle_abort_takes_nvrx_
+alones_time`` compares medians), where the abort before waited up to half a second for the
+queue's lock, and before that for ever. The first thread's call raises one
+``CheckpointWorkerError`` that names the abort within ``MEET_S`` of the abort's return (the
+finalize's 0.2 s poll; NVRx alone: that thread waits for ever), or in the all-reduce has
+NVRx's own outcome once the peer comes, and the next save, with ``no_dist`` False and True,
+loads. With the package only (NVRx alone has no suspend): an abort while a suspended worker
+resumes waits for that resume alone. And a cleanup of the package's that fails during an
+abort reaches no caller. Every wait is on a state reached (a thread inside a function, a
+worker stopped, an event), bounded.
 """
 
+import statistics
 import textwrap
 
 import pytest
@@ -30,8 +33,15 @@ pytestmark = [
     pytest.mark.skipif(NVRX == "0.4.1", reason=lacks("has no close(abort=True)")),
 ]
 
-BOUND = 15.0  # seconds an abort, and the call it ends, may take (NVRx alone: about 2 s here)
+BOUND = 8.0  # seconds after which an abort, or the call it ends, counts as hung (NVRx: 2 s)
 SIGTERM_S = 2.0  # NVRx 0.6.0+'s sigterm_timeout: how long its abort waits for a stopped worker
+#: How much longer than NVRx alone's an abort may take, one sample each way in one test (on
+#: the 2-core VM; the abort's own extra work is under 1 ms: BENCHMARKS.md, "What an abort
+#: costs"). The abort that waited half a second for the queue's lock fails it.
+MORE_S = 0.35
+#: How long after the abort returned the call it met may end: the finalize polls its worker
+#: every 0.2 s; a schedule's handshake is answered by the abort itself.
+MEET_S = 1.0
 
 #: A trainer, its first save done; ``abort()`` as the user calls it; ``until``: a bounded wait
 #: for a state; ``stopped``: is the worker stopped; ``end(report)`` prints the report and ends
@@ -80,7 +90,8 @@ PRELUDE = """
         return None if thread.is_alive() else round(time.monotonic() - began, 2)
 
     t = scenario.Trainer({directory!r}, n_tensors=4, numel=512, rank={rank}, world_size={world},
-                         impl={impl!r}, cached={cached!r}, starts="forkserver")
+                         impl={impl!r}, cached={cached!r}, starts="forkserver",
+                         no_dist={no_dist!r})
     if hasattr(t.queue, "sigterm_timeout"):  # NVRx's own setting, read by its next caller
         t.queue.sigterm_timeout = {sigterm}
     t.save()
@@ -131,21 +142,22 @@ ONE_RANK = """
 """
 
 
-def one_rank(where, how, fix, directory, impl="nvrx"):
-    directory.mkdir()
-    code = textwrap.dedent(
+def prelude(directory, how="abort_nvrx_checkpoint", rank=0, world=1, impl="nvrx", **more):
+    settings = dict(bound=BOUND, sigterm=SIGTERM_S, no_dist=False, cached=impl == "nvrx")
+    settings.update(more)
+    return textwrap.dedent(
         PRELUDE.format(
-            bound=BOUND,
-            how=how,
-            directory=str(directory),
-            rank=0,
-            world=1,
-            impl=impl,
-            cached=impl == "nvrx",
-            sigterm=SIGTERM_S,
+            how=how, directory=str(directory), rank=rank, world=world, impl=impl, **settings
         )
-    ) + textwrap.dedent(ONE_RANK.format(where=where))
-    return run_python(code, fix=fix, timeout=4 * BOUND + 120)
+    )
+
+
+def one_rank(where, how, fix, directory, impl="nvrx", no_dist=False):
+    directory.mkdir()
+    code = prelude(directory, how, impl=impl, no_dist=no_dist)
+    return run_python(
+        code + textwrap.dedent(ONE_RANK.format(where=where)), fix=fix, timeout=4 * BOUND + 120
+    )
 
 
 def hung(report, where):
@@ -159,7 +171,10 @@ def check_never_worse(where, with_fix, without, alone=("first",)):
     """The package's run against NVRx alone's, in which ``alone`` did not end (NVRx's worker:
     the call the abort met waits for ever)."""
     assert hung(with_fix, where) <= hung(without, where), (with_fix, without)
-    assert with_fix["abort_s"] is not None and with_fix["abort_s"] <= BOUND, with_fix
+    assert with_fix["abort_s"] is not None, with_fix
+    assert with_fix["abort_s"] <= without["abort_s"] + MORE_S, (with_fix, without)
+    if where != "idle":  # the call it met ended soon after it
+        assert with_fix["first_s"] - with_fix["abort_s"] <= MEET_S, with_fix
     if where == "idle":
         assert with_fix["raised"] == [] and without["next"] == 0, (with_fix, without)
     else:
@@ -172,21 +187,24 @@ def check_never_worse(where, with_fix, without, alone=("first",)):
 
 
 @pytest.mark.parametrize(
-    "where, how",
+    "where, how, no_dist",
     [
-        ("finalize", "abort_nvrx_checkpoint"),
-        ("finalize", "close"),
-        ("finalize", "close-finalizing"),
-        ("schedule", "abort_nvrx_checkpoint"),
-        ("idle", "abort_nvrx_checkpoint"),
+        ("finalize", "abort_nvrx_checkpoint", False),
+        ("finalize", "abort_nvrx_checkpoint", True),
+        ("finalize", "close", False),
+        ("finalize", "close-finalizing", False),
+        ("schedule", "abort_nvrx_checkpoint", False),
+        ("schedule", "abort_nvrx_checkpoint", True),
+        ("idle", "abort_nvrx_checkpoint", False),
     ],
 )
-def test_an_abort_from_another_thread_is_never_held_by_a_save(where, how, tmp_path):
+def test_an_abort_from_another_thread_is_never_held_by_a_save(where, how, no_dist, tmp_path):
     """``close-finalizing``: an abort inside which the queue's saves are polled (NVRx's
     close does not, a hook or another NVRx may): that poll does not wait for the lock the
-    first thread holds either, or the two would wait on each other."""
-    with_fix = one_rank(where, how, True, tmp_path / "with")
-    without = one_rank(where, how, False, tmp_path / "without")
+    first thread holds either, or the two would wait on each other. ``no_dist``: the
+    finalizes' (the one the abort met, the next save's)."""
+    with_fix = one_rank(where, how, True, tmp_path / "with", no_dist=no_dist)
+    without = one_rank(where, how, False, tmp_path / "without", no_dist=no_dist)
     check_never_worse(where, with_fix, without)
 
 
@@ -253,27 +271,13 @@ def test_an_abort_between_a_saves_planning_and_its_schedule_is_not_held(tmp_path
 
     def run(fix, directory):
         directory.mkdir()
-        return run_python(
-            textwrap.dedent(
-                PRELUDE.format(
-                    bound=BOUND,
-                    how="abort_nvrx_checkpoint",
-                    directory=str(directory),
-                    rank=0,
-                    world=1,
-                    impl="nvrx",
-                    cached=True,
-                    sigterm=SIGTERM_S,
-                )
-            )
-            + textwrap.dedent(PLANNED),
-            fix=fix,
-            timeout=6 * BOUND + 120,
-        )
+        code = prelude(directory) + textwrap.dedent(PLANNED)
+        return run_python(code, fix=fix, timeout=6 * BOUND + 120)
 
     with_fix, without = run(True, tmp_path / "with"), run(False, tmp_path / "without")
     assert without["abort_s"] is not None and without["first_s"] is None, without
-    assert with_fix["abort_s"] is not None and with_fix["abort_s"] <= BOUND, with_fix
+    assert with_fix["abort_s"] is not None, with_fix
+    assert with_fix["abort_s"] <= without["abort_s"] + MORE_S, (with_fix, without)
     assert with_fix["first_s"] is not None, with_fix
     (error,) = with_fix["raised"]
     assert error["type"] == "CheckpointWorkerError", error
@@ -320,22 +324,8 @@ def test_an_abort_while_a_suspended_worker_resumes_waits_for_the_resume_only(tmp
     under way, bounded by the release timeout, and nothing else; then it aborts the worker,
     and the next save starts a fresh one and loads."""
     (tmp_path / "with").mkdir()
-    report = run_python(
-        textwrap.dedent(
-            PRELUDE.format(
-                bound=BOUND,
-                how="abort_nvrx_checkpoint",
-                directory=str(tmp_path / "with"),
-                rank=0,
-                world=1,
-                impl="nvrx",
-                cached=True,
-                sigterm=SIGTERM_S,
-            )
-        )
-        + textwrap.dedent(SUSPENDED),
-        timeout=6 * BOUND + 120,
-    )
+    code = prelude(tmp_path / "with") + textwrap.dedent(SUSPENDED)
+    report = run_python(code, timeout=6 * BOUND + 120)
     assert report["suspended"] and report["waited"], report
     assert report["abort_s"] is not None and report["abort_s"] <= BOUND, report
     assert report["next"] == 0, report
@@ -380,20 +370,7 @@ def test_an_abort_while_the_finalize_all_reduce_waits_for_a_peer_is_never_held(t
     def run(fix, directory):
         directory.mkdir()
         codes = [
-            textwrap.dedent(
-                PRELUDE.format(
-                    bound=BOUND,
-                    how="abort_nvrx_checkpoint",
-                    directory=str(directory),
-                    rank=rank,
-                    world=2,
-                    impl="nvrx",
-                    cached=True,
-                    sigterm=SIGTERM_S,
-                )
-            )
-            + textwrap.dedent(TWO_RANKS)
-            for rank in range(2)
+            prelude(directory, rank=rank, world=2) + textwrap.dedent(TWO_RANKS) for rank in range(2)
         ]
         reports = []
         for rc, out, err in run_codes(codes, fix=fix, timeout=6 * BOUND + 120):
@@ -407,6 +384,99 @@ def test_an_abort_while_the_finalize_all_reduce_waits_for_a_peer_is_never_held(t
     )
     assert without["abort_s"] is not None and without["first_s"] is not None, without
     assert without["raised"] == [] and without["saved"] == peer_without["saved"] == 0
-    assert with_fix["abort_s"] is not None and with_fix["abort_s"] <= BOUND, with_fix
+    assert with_fix["abort_s"] is not None, with_fix
+    assert with_fix["abort_s"] <= without["abort_s"] + MORE_S, (with_fix, without)
     assert with_fix["first_s"] is not None, with_fix  # NVRx's own outcome: finalized
     assert with_fix["raised"] == [] and with_fix["saved"] == peer["saved"] == 0, (with_fix, peer)
+
+
+#: An idle worker's abort, timed: the abort's own time, nothing else in flight.
+IDLE = """
+    began = time.perf_counter()
+    abort()
+    end({"abort_s": time.perf_counter() - began})
+"""
+
+
+def test_an_idle_abort_takes_nvrx_alones_time(tmp_path):
+    """The abort's own time with the package and with NVRx alone, side by side in one test,
+    the modes in turn (so that the machine's load falls on both): the medians may differ by
+    a generous 0.25 s here; measured, the package adds nothing that shows
+    (BENCHMARKS.md, "What an abort costs": ``benchmarks/abort_time.py``)."""
+    times = {True: [], False: []}
+    for round_ in range(3):
+        for fix in (True, False):
+            directory = tmp_path / f"{round_}-{fix}"
+            directory.mkdir()
+            code = prelude(directory, sigterm=0.5) + textwrap.dedent(IDLE)
+            times[fix].append(run_python(code, fix=fix, timeout=120)["abort_s"])
+    with_fix, without = statistics.median(times[True]), statistics.median(times[False])
+    assert with_fix <= without + 0.25, times
+
+
+#: A cleanup of the package's that fails during the abort (``what``): torch's
+#: ``ipc_collect()`` (CUDA "initialized", so that the cleanup would run it), or a callback run
+#: when the trainer's cache keys are forgotten; each raised from a frame of torch's, which
+#: ``guard`` otherwise takes for the checkpoint's failure. Two aborts, a save after each.
+FAILING = """
+    import warnings
+    import nvrx_ipc_fix
+    import torch
+    from nvrx_ipc_fix.core import cleanup
+
+    theirs = {{"__name__": "torch.cuda"}}  # a function of torch's, as the traceback sees it
+    exec("def boom(*args):\\n    raise RuntimeError('CUDA error: an illegal memory access')",
+         theirs)
+    saved = (torch.cuda.is_initialized, torch.cuda.mem_get_info, torch.cuda.ipc_collect)
+    if {what!r} == "ipc_collect":
+        torch.cuda.is_initialized = lambda: True
+        torch.cuda.mem_get_info = lambda device=None: (1 << 30, 2 << 30)
+        torch.cuda.ipc_collect = theirs["boom"]
+    else:
+        cleanup.on_forget.append(theirs["boom"])
+    report = {{"raised": [], "warnings": [], "next": []}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            try:
+                abort()
+            except BaseException as exc:
+                report["raised"].append(f"{{type(exc).__name__}}: {{exc}}")
+            _, _, path, version = t.save()
+            report["next"].append(t.stale_tensors(path, version))
+    report["warnings"] = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    report["reasons"] = sorted({{t.reason for t in nvrx_ipc_fix.status().targets
+                                if t.reason and "illegal memory" in t.reason}})
+    torch.cuda.is_initialized, torch.cuda.mem_get_info, torch.cuda.ipc_collect = saved
+    if theirs["boom"] in cleanup.on_forget:
+        cleanup.on_forget.remove(theirs["boom"])
+    _, _, path, version = t.save()
+    report["next"].append(t.stale_tensors(path, version))
+    report["pending"] = t.queue.get_num_unfinalized_calls()
+    end(report)
+"""
+
+
+@pytest.mark.parametrize("what", ["ipc_collect", "forget"])
+@pytest.mark.parametrize("how", ["abort_nvrx_checkpoint", "close"])
+@pytest.mark.parametrize("no_dist", [False, True])
+def test_a_failing_cleanup_never_escapes_the_abort(what, how, no_dist, tmp_path):
+    """The abort's own cleanup is the package's work: its failure is the package's defect,
+    said once (a ``RuntimeWarning`` per place, not again at the second abort) and in
+    ``status()``; the abort returns as NVRx's did, and the saves after it are saved (one after
+    each abort, one more once the cleanup works again). Before, torch's error
+    came out of ``abort_nvrx_checkpoint()`` and ``close(abort=True)``. An abort collects
+    nothing (``ipc_collect``: nothing to fail, nothing said)."""
+    (tmp_path / "with").mkdir()
+    code = prelude(tmp_path / "with", how, no_dist=no_dist) + textwrap.dedent(
+        FAILING.format(what=what)
+    )
+    report = run_python(code, timeout=120)
+    assert report["raised"] == [], report
+    assert report["next"] == [0, 0, 0] and report["pending"] == 0, report
+    if what == "forget":
+        assert report["reasons"] and report["warnings"], report
+        assert len(report["warnings"]) == len(set(report["warnings"])) <= 2, report
+        assert all("illegal memory" in w for w in report["warnings"]), report
+    else:
+        assert report["warnings"] == [], report

@@ -15,10 +15,10 @@ The regions (``targets``):
 * ``SCHEDULE``: ``QUEUE``, and the save's planning ends (``planning.scheduled``) once the
   schedule returned or raised; the rank's CUDA device is noted for the queue (``device_of``),
   for a finalize that ``release()`` runs from another thread.
-* ``CLOSE``: ``QUEUE``, but a close with ``abort=True`` waits for the lock at most
-  ``ABORT_WAIT_S``: where another thread holds it (a save stuck on a hung worker or in a
-  collective), the abort goes on without it. That thread learns of it (``abort_met``), and
-  its call neither returns nor raises before the abort is done.
+* ``CLOSE``: ``QUEUE``, but a close with ``abort=True`` takes no lock of the package's, and
+  neither do the calls on the queue made inside it: another thread's save may hold the
+  queue's lock, stuck on a hung worker or in a collective, and the abort is what ends it. The
+  worker watch ends that save as one on a dead worker (``fixes.worker_watch``).
 
 A save's planning (``prepare_write_data``, fix ``clear_on_close``: ``planning``) waits for a
 release in another thread to end; then the save is *planned* from before NVRx looks up its
@@ -38,7 +38,6 @@ from functools import partial
 
 from . import fork as _fork
 from .arguments import flags
-from .errors import CheckpointWorkerError, add_note
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
 if TYPE_CHECKING:
@@ -111,11 +110,15 @@ class Dispatch:
         region = self.call.region
         if region is None or _finalizing():  # module globals are gone in the teardown
             return run(args, kwargs)
+        if getattr(_aborting, "depth", 0):  # inside an abort: its calls take no lock either
+            return run(args, kwargs)
         if region == "close" and aborts(wrapped, args, kwargs):
-            return _abort(instance, run, args, kwargs)
-        if instance in getattr(_aborts.local, "without", ()):  # inside an abort without the
-            return run(args, kwargs)  # lock, whose holder waits for that abort to end
-        with queue_lock(instance), _Inside(instance):
+            _aborting.depth = 1
+            try:
+                return run(args, kwargs)
+            finally:
+                _aborting.depth = 0
+        with queue_lock(instance):
             if region != "schedule":
                 return run(args, kwargs)
             try:
@@ -172,122 +175,11 @@ def holding(queues, timeout, why):
                     "done. Call it from the thread that saves, or when no save is in progress"
                 )
             stack.callback(lock.release)
-            stack.enter_context(_Inside(queue))
         yield
 
 
-# -- an abort never waits for a save ---------------------------------------------------------------
-
-#: How long a close with ``abort=True`` waits for its queue's lock before it goes on without it.
-ABORT_WAIT_S = 0.5
-
-
-class _Aborts:
-    """The aborts that went on without their queue's lock, per queue: ``[begun, running,
-    the name of the last one's thread]``; and, per thread, each call that holds a queue's
-    lock with the count of that queue's aborts begun when it began (``marks``)."""
-
-    def __init__(self):
-        self.cond = threading.Condition(threading.Lock())
-        self.queues = weakref.WeakKeyDictionary()  # queue -> [begun, running, thread name]
-        self.local = threading.local()
-
-    def marks(self):
-        """This thread's marks: ``[(queue, aborts of it begun when the call began)]``."""
-        try:
-            return self.local.marks
-        except AttributeError:
-            marks = self.local.marks = []
-            return marks
-
-    def begun(self, queue):
-        """(No lock: as a call takes a queue's lock, no abort of that queue runs, since the
-        call that held it ended only once each was done; only one whose wait for the lock ran
-        out in the instant the lock was let go can begin unseen, as without the package.)"""
-        record = self.queues.get(queue)
-        return 0 if record is None else record[0]
-
-    @contextmanager
-    def running(self, queue):
-        """Around an abort of ``queue`` without its lock (in this thread: ``without``)."""
-        with self.cond:
-            record = self.queues.setdefault(queue, [0, 0, None])
-            record[0] += 1
-            record[1] += 1
-            record[2] = threading.current_thread().name
-        without = self.local.__dict__.setdefault("without", [])
-        without.append(queue)
-        try:
-            yield
-        finally:
-            without.remove(queue)
-            with self.cond:
-                record[1] -= 1
-                self.cond.notify_all()
-
-    def met(self, queue, since):
-        """The thread name of the last abort of ``queue`` begun after ``since``, once none is
-        running; None where none began."""
-        record = self.queues.get(queue)
-        if record is None or record[0] == since:
-            return None
-        with self.cond:
-            while record[1]:
-                self.cond.wait()
-            return record[2]
-
-
-_aborts = _Aborts()
-
-
-def _abort(queue, run, args, kwargs):
-    """A close with ``abort=True``: in the queue's lock if it is free within
-    ``ABORT_WAIT_S``, else without it (another thread's save holds it and may never end)."""
-    lock = queue_lock(queue)
-    if lock.acquire(timeout=ABORT_WAIT_S):
-        try:
-            with _Inside(queue):
-                return run(args, kwargs)
-        finally:
-            lock.release()
-    with _aborts.running(queue):
-        return run(args, kwargs)
-
-
-class _Inside:
-    """Around a call that holds ``queue``'s lock: where an abort of another thread began
-    meanwhile, the call ends only once that abort is done, and an exception that is not the
-    abort's own ``CheckpointWorkerError`` names it."""
-
-    __slots__ = ("marks", "mark")
-
-    def __init__(self, queue):
-        self.marks, self.mark = _aborts.marks(), (queue, _aborts.begun(queue))
-
-    def __enter__(self):
-        self.marks.append(self.mark)
-
-    def __exit__(self, kind, exc, traceback):
-        try:
-            by = _aborts.met(*self.mark)
-            if by is not None and exc is not None and not isinstance(exc, CheckpointWorkerError):
-                add_note(
-                    exc,
-                    f"nvrx_ipc_fix: during this call, close(abort=True) from thread "
-                    f"{by!r} aborted this queue's checkpoint worker",
-                )
-        finally:
-            self.marks.remove(self.mark)
-
-
-def abort_met(queue=None):
-    """The name of the thread whose close with ``abort=True`` went on without ``queue``'s
-    lock (default: the queue of this thread's innermost call that holds one) since this
-    thread's call on it began, once that abort is done; None where none did."""
-    for mark in reversed(getattr(_aborts.local, "marks", ())):
-        if queue is None or mark[0] is queue:
-            return _aborts.met(*mark)
-    return None
+#: ``.depth``: 1 in a thread inside a close with ``abort=True``, whose calls take no lock.
+_aborting = threading.local()
 
 
 def _note_device(queue):
@@ -421,10 +313,10 @@ planning = Planning()
 
 def _forget():
     """In a child of ``os.fork()`` and at ``reset()``: fresh locks, no record of the parent's."""
-    global _locks_lock, _queue_locks, _devices, planning, _aborts
+    global _locks_lock, _queue_locks, _devices, planning
     _locks_lock = threading.Lock()
     _queue_locks, _devices = weakref.WeakKeyDictionary(), weakref.WeakKeyDictionary()
-    planning, _aborts = Planning(), _Aborts()
+    planning = Planning()
 
 
 _fork.in_child(_forget)

@@ -69,18 +69,22 @@ class guard:
     back to NVRx's own behaviour. A checkpoint's failure is never caught: a
     ``BaseException`` that is no ``Exception`` (an interrupt, torch's
     ``CheckpointException``), the package's ``CheckpointWorkerError``, and whatever a frame
-    of NVRx, megatron-core or torch raised pass through."""
+    of NVRx, megatron-core or torch raised pass through. ``own=True``: the block is the
+    package's own work through and through (its cleanup after a close: ``gc.collect()``,
+    ``torch.cuda.ipc_collect()``), so every ``Exception`` in it is the package's defect."""
 
-    __slots__ = ("target", "fix", "failed")
+    __slots__ = ("target", "fix", "failed", "own")
 
-    def __init__(self, target, fix=None):
-        self.target, self.fix, self.failed = target, fix, None
+    def __init__(self, target, fix=None, own=False):
+        self.target, self.fix, self.failed, self.own = target, fix, None, own
 
     def __enter__(self):
         return self
 
     def __exit__(self, kind, exc, traceback):
-        if exc is None or not isinstance(exc, Exception) or _checkpoint_failure(exc, traceback):
+        if exc is None or not isinstance(exc, Exception):
+            return False
+        if not self.own and _checkpoint_failure(exc, traceback):
             return False
         self.failed = exc
         hook_failed(self.target, exc, self.fix)

@@ -145,10 +145,9 @@ QUEUE = "queue"
 #: ``QUEUE`` for a schedule, which also ends the oldest save this thread planned to send only a
 #: cache key (``core.dispatch.planning``: a release in another thread waits for such a save).
 SCHEDULE = "schedule"
-#: ``QUEUE`` for a close; an abort (``abort=True``) never waits for a save of another thread,
-#: which may never end: it takes the lock only if it is free within half a second, else goes on
-#: without it, and the call that holds it ends only once the abort is done
-#: (``core.dispatch.abort_met``).
+#: ``QUEUE`` for a close; an abort (``abort=True``) takes no lock of the package's: a save of
+#: another thread that holds the queue's lock may never end, and the abort is what ends it
+#: (the worker watch ends that save as one on a dead worker).
 CLOSE = "close"
 
 

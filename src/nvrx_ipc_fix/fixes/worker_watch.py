@@ -39,10 +39,11 @@ into the worker is touched):
   is called by name and never pickled): writes the traceback of an uncaught exception to a
   file the trainer reads for its error.
 
-An abort from another thread (``close(abort=True)``, which does not wait for the queue's lock
-that a save holds: ``core.dispatch``) ends the handshake (the close answers it) and the
-finalize's wait for the worker: that call raises one ``CheckpointWorkerError`` naming the
-abort once the abort is done, makes no collective, and leaves nothing of that save pending.
+An abort (``close(abort=True)``, from any thread: it takes no lock of the package's,
+``core.dispatch``) is NVRx's own, and the worker it ends is a dead worker to the save that
+waits on it (``_abort``): once NVRx's abort is done, the save's handshake is answered and
+its finalize's wait ends, with one ``CheckpointWorkerError`` that names the abort; a schedule
+raises it at once and takes back NVRx's record of the save.
 
 When a worker is found dead, it is let go (``worker.registry.abandon``: the completions it sent
 are read, its queues closed, the trainer-side caches cleared, so the next save sends full
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from functools import partial
 from queue import Empty
 
@@ -119,7 +121,9 @@ def _schedule(wrapped, queue, args, kwargs):
             )
 
     def unblock():  # the worker died: answer the handshake NVRx waits for, on its behalf
-        _workers.release_join(_workers.queues_of(_shapes.caller_of(queue))[1])
+        caller = _shapes.caller_of(queue)
+        if _workers.aborted_by(caller) is None:  # an abort answers it once it is done
+            _workers.release_join(_workers.queues_of(caller)[1])
 
     with _monitor.watching(
         f"the preload handshake of save #{save}",
@@ -134,7 +138,7 @@ def _schedule(wrapped, queue, args, kwargs):
                 queue.call_idx == save
                 and not _appended(queue, save)
                 and caller is not None
-                and _dispatch.abort_met() is None
+                and _workers.aborted_by(caller) is None
             ):
                 error = CheckpointWorkerError(
                     f"rank {_monitor.rank()}: save #{save} failed while it was being "
@@ -144,9 +148,13 @@ def _schedule(wrapped, queue, args, kwargs):
                 )
                 _scheduled_failed(queue, entry(save, caller, request), error)
             raise
-    aborted_by = _dispatch.abort_met()
-    if aborted_by is not None and _taken_back(queue, before):
-        raise _aborted(save, aborted_by, "while it was being scheduled")
+    calls = queue.async_calls
+    sent_to = calls[-1][1] if len(calls) > before else caller
+    by = _workers.aborted_by(sent_to)
+    if by is not None:  # aborted during the handshake: the save was not handed over
+        if len(calls) > before:
+            calls.pop()
+        raise _aborted(save, by, "while it was being scheduled")
     unsent = None
     with guard(target):  # the finalize still meets a dead worker (done_wrapper)
         caller = queue.async_calls[-1][1] if _appended(queue, save) else _shapes.caller_of(queue)
@@ -170,20 +178,7 @@ def _schedule(wrapped, queue, args, kwargs):
     return result
 
 
-def _taken_back(queue, before):
-    """An abort of another thread met this schedule: was its save handed to the worker that
-    abort ended (or to none)? Then NVRx's record of it is taken back. Not where NVRx handed it
-    to a fresh worker (the abort came first)."""
-    calls = queue.async_calls
-    if len(calls) > before:
-        process = _workers.process_of(calls[-1][1])
-        if process is not None and not _workers.dead(process):
-            return False
-        calls.pop()
-    return True
-
-
-def _aborted(save, by, when):
+def _aborted(save, by, when, death=None):
     """The error of ``save``, whose worker ``close(abort=True)`` from thread ``by`` ended."""
     return CheckpointWorkerError(
         f"rank {_monitor.rank()}: save #{save} was not saved: close(abort=True) (as "
@@ -191,6 +186,8 @@ def _aborted(save, by, when):
         f"{when}. The next save starts a fresh worker and sends full tensors.",
         rank=_monitor.rank(),
         save=save,
+        worker_pid=getattr(death, "pid", None),
+        exitcode=getattr(death, "exitcode", None),
     )
 
 
@@ -316,8 +313,6 @@ def _finalize(wrapped, queue, args, kwargs):
             state = _workers.known(caller)
             if state is not None and state.death is not None:  # the next save starts afresh
                 _workers.forget_caller(queue, caller)
-            if _dispatch.abort_met(queue) is not None:  # aborted: nothing more is finalized
-                break
         except STOP as stop:
             _note(stop, failures)
             raise
@@ -472,15 +467,10 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
                 error = _lost(save, state.death)
         elif _workers.process_of(caller) is not None:
             caller.cur_item, error = _completion(caller, save, blocking)
-        elif save is not None and save not in state.completed:
-            by = _dispatch.abort_met()  # NVRx's abort let the worker go during this call?
-            if by is not None:
-                error = _aborted(save, by, "before it completed this save")
+        elif save is not None and state.aborting is not None:  # NVRx's abort let it go
+            error = _aborted(save, state.aborting, "before it completed this save")
     if error is not None:
         caller.cur_item = save  # NVRx waits for nothing more here: its count is done
-        if _dispatch.abort_met() is not None:  # aborted: no collective any more
-            _consume(caller, state, save)
-            raise error
     completions = _workers.queues_of(caller)[2]
     pending = (
         caller.cur_item is None
@@ -617,6 +607,10 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
             return None  # nothing to close (a worker we let go)
         return wrapped(*args, **kwargs)
     process = _workers.process_of(caller)
+    with guard(_target(wrapped), own=True) as it:
+        aborts = _dispatch.aborts(wrapped, args, kwargs)
+    if aborts and not it.failed and process is not None:
+        return _abort(wrapped, caller, args, kwargs, process)
     if _workers.dead(process):
         if process.exitcode != 0:
             logger.error(
@@ -631,21 +625,50 @@ def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     def unblock():
         _workers.release_join(_workers.queues_of(caller)[0])
 
-    handshake = None
-    with guard(_target(wrapped)):  # NVRx's abort runs as without it
-        if _dispatch.aborts(wrapped, args, kwargs):
-            handshake = _workers.queues_of(caller)[1]
-            if _shapes.abort_waits(caller):
-                _wake(caller)
     with _monitor.watching("closing the checkpoint worker", lambda: process, unblock) as wait:
         result = wrapped(*args, **kwargs)
-    if handshake is not None:  # aborted: a schedule of another thread waits for it no more
-        with guard(_target(wrapped)):  # the abort itself is done
-            _workers.release_join(handshake)
     if wait.exitcode not in (None, 0):  # died in the close: its queues may hold what it left
         with guard(_target(wrapped)):  # the close itself is done
             _workers.abandon(caller)
     return result
+
+
+def _abort(wrapped, caller, args, kwargs, process):
+    """``close(abort=True)``: NVRx's abort, which waits for nothing of the package's. Once it
+    is done, its worker is a dead worker to the save that waits on it (``_aborted_worker``);
+    meanwhile that save's wait is not ended for the worker's death (``aborting``)."""
+    state = handshake = None
+    with guard(_target(wrapped), own=True):
+        state = _workers.state(caller)
+        state.aborting = threading.current_thread().name
+        _cleanup.forget_keys()  # a save planned from now on sends full tensors
+        handshake = _workers.queues_of(caller)[1]
+        if _shapes.abort_waits(caller):
+            _wake(caller)
+    returned = False
+    try:
+        result = wrapped(*args, **kwargs)  # NVRx's abort and its errors are the caller's
+        returned = True
+        return result
+    finally:
+        if state is not None:
+            _aborted_worker(_target(wrapped), caller, state, process, handshake, returned)
+
+
+def _aborted_worker(target, caller, state, process, handshake, returned):
+    """After NVRx's abort of ``caller``'s ``process``: where it returned (megatron-core's
+    SIGKILLs the worker and does not wait) or the worker is gone, that worker is let go as a
+    dead one (``Death`` naming the abort: the save waiting on it, or finalized later, raises;
+    what it had completed is finalized) and a preload handshake waiting on it is answered.
+    Nothing here raises: a failure is the package's, said once."""
+    with guard(target, own=True):
+        if returned or not _workers.alive(process):
+            state.death = _workers.Death(
+                _front(caller), process.pid, process.exitcode, None, state.aborting
+            )
+            _workers.abandon(caller)
+            _workers.release_join(handshake)
+    state.aborting = None
 
 
 def _wake(caller):
@@ -688,6 +711,8 @@ def _peer_error(save, failed, failed_rank):
 
 def _lost(save, death):
     """The error of ``save``, which the worker that died (``death``) never completed."""
+    if death.by is not None:
+        return _aborted(save, death.by, "before it completed this save", death)
     return _worker_error(
         save, death.pid, death.exitcode, "before it completed this save", death.worker_traceback
     )
@@ -725,6 +750,8 @@ def _completion(caller, save, blocking):
             except Empty:
                 return None
             except (OSError, ValueError, EOFError):  # closed by an abort of another thread
+                if timeout:
+                    time.sleep(timeout)  # until the abort's death mark (``ended``)
                 return None
             if item == _workers.SENTINEL or (
                 save is not None and isinstance(item, int) and item < save
@@ -734,16 +761,14 @@ def _completion(caller, save, blocking):
 
     def ended():
         """``(None, error)`` when the save can no longer complete, else None."""
-        by = _dispatch.abort_met()
-        if by is not None:  # the worker was aborted: it completed this save, or never will
+        state = _workers.state(caller)
+        if state.aborting is not None and state.death is None:
+            return None  # NVRx's abort is under way: its end ends this wait (``_abort``)
+        if state.death is not None:  # let go (aborted): it completed this save, or never will
             item = take(0)
-            if item is None and save in _workers.state(caller).completed:
+            if item is None and save in state.completed:
                 item = save
-            return (
-                (item, None)
-                if item is not None
-                else (None, _aborted(save, by, "before it completed this save"))
-            )
+            return (item, None) if item is not None else (None, _lost(save, state.death))
         unsent = _unsent.take(caller, save)
         if unsent is not None:  # never sent (a request without a preload_fn)
             _cleanup.forget_keys()

@@ -15,6 +15,7 @@ from queue import Empty
 
 from ..core import cleanup as _cleanup, fork as _fork, shapes as _shapes
 from ..core.detect import CORE
+from ..core.log import guard
 from . import exit_status as _exit_status, inherited, monitor as _monitor
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
@@ -28,7 +29,7 @@ SENTINEL = -7331
 class _CallerState:
     """What the watch knows about one persistent caller."""
 
-    __slots__ = ("outstanding", "failed", "completed", "death", "unsent", "__weakref__")
+    __slots__ = ("outstanding", "failed", "completed", "death", "unsent", "aborting", "__weakref__")
 
     def __init__(self):
         self.outstanding = collections.deque()  # call_idx scheduled on it, not yet finalized
@@ -36,11 +37,15 @@ class _CallerState:
         self.completed = set()  # call_idx a dead worker had completed (read from its comp_q)
         self.death = None  # Death of its worker: what that had not completed is lost
         self.unsent = {}  # call_idx -> why its request never reached the worker (``unsent``)
+        self.aborting = None  # the thread name of a close(abort=True) of it under way
 
 
-class Death(collections.namedtuple("_Death", "save pid exitcode worker_traceback")):
+class Death(
+    collections.namedtuple("_Death", "save pid exitcode worker_traceback by", defaults=(None,))
+):
     """How a caller's worker died (no exception object: a raised one's frames would hold
-    the caller, and with it the dead worker's queues and semaphores, for ever)."""
+    the caller, and with it the dead worker's queues and semaphores, for ever); ``by``: the
+    thread name of the ``close(abort=True)`` that ended it, None for a death of its own."""
 
 
 #: caller -> _CallerState; also the callers at_exit stops
@@ -176,8 +181,9 @@ def abandon(caller):
         except (AssertionError, ValueError, OSError):  # forgotten all the same
             pass
     forget_process(caller, process)
-    if _cleanup.cached_key_count():
-        _cleanup.clear_trainer_caches("the checkpoint worker failed")
+    with guard("nvrx_ipc_fix.worker.registry", own=True):  # a failed cleanup is the package's
+        if _cleanup.cached_key_count():
+            _cleanup.clear_trainer_caches("the checkpoint worker failed")
 
 
 def forget_process(caller, process):
@@ -195,6 +201,16 @@ def abandoned(caller):
 def forget_caller(queue, caller):
     """The queue starts a fresh caller (and worker) at its next save."""
     _shapes.detach_caller(queue, caller)
+
+
+def aborted_by(caller):
+    """The thread name of the ``close(abort=True)`` that is ending, or ended, ``caller``'s
+    worker; None where none did."""
+    known = None if caller is None else _callers.get(caller)
+    if known is None:
+        return None
+    death = known.death
+    return known.aborting or (death.by if death is not None else None)
 
 
 def release_join(joinable):

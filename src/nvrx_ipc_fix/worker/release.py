@@ -427,7 +427,7 @@ def run_in_worker(queue, function, args, timeout):
         error, answered = _answer(completions, _workers.process_of(caller), timeout)
         return error
     finally:
-        if not answered and _dispatch.abort_met(queue) is None:  # else that abort let it go
+        if not answered and _workers.aborted_by(caller) is None:  # else that abort let it go
             if _workers.alive(_workers.process_of(caller)):
                 queue.close(abort=True)  # the worker watch wakes it for NVRx 0.7.0's
             else:
