@@ -471,6 +471,9 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
             error = _aborted(save, state.aborting, "before it completed this save")
     if error is not None:
         caller.cur_item = save  # NVRx waits for nothing more here: its count is done
+        if _workers.aborted_by(caller) is not None:  # aborted: no collective any more (the
+            _consume(caller, state, save)  # group may be going down with it)
+            raise error
     completions = _workers.queues_of(caller)[2]
     pending = (
         caller.cur_item is None
