@@ -143,17 +143,27 @@ def test_a_newer_nvrx_is_untested_once_and_in_status_and_doctor(newer):
     )
     assert err.count(warning) == 1 and err.count("is untested") == 1, err
     assert "newest tested: 0.7.0" in err and "python -m nvrx_ipc_fix" in err, err
-    assert "active so far: worker_watch, clear_on_close, prewarm" in err, err
+    assert "active so far: worker_watch, clear_on_close, cpu_snapshot, prewarm" in err, err
     assert seen["status"]["nvrx_version"] == "0.9.0"
     assert seen["status"]["untested"] == {"nvidia-resiliency-ext": "0.9.0"}
     # the fixes still apply where their checks pass: as on the NVRx copied
     assert fixes(seen)["worker_watch"][0] == fixes(seen)["clear_on_close"][0] == "active"
     assert seen["watch_installed"] == list(WATCHED)
     assert seen["steps"] == {
-        "AsyncCallsQueue.schedule_async_request": ["suspend", "prewarm", "worker_watch"],
+        "AsyncCallsQueue.schedule_async_request": [
+            "suspend",
+            "prewarm",
+            "cpu_snapshot",
+            "worker_watch",
+        ],
         "AsyncCallsQueue.maybe_finalize_async_calls": ["worker_watch"],
         SYNC: ["worker_watch"],
-        "PersistentAsyncCaller.close": ["suspend", "clear_on_close", "worker_watch"],
+        "PersistentAsyncCaller.close": [
+            "suspend",
+            "clear_on_close",
+            "cpu_snapshot",
+            "worker_watch",
+        ],
         "PersistentAsyncCaller.async_process_target": ["worker_watch"],
     }, seen["steps"]
     assert fixes(seen)["stale_guard"][0] == ("fixed_upstream" if nvrx == "0.7.0" else "active")
@@ -188,10 +198,10 @@ def test_a_renamed_method_drops_the_whole_watch_and_says_so(renamed):
     # only the other fixes' wrappers: clear_on_close's and suspend's close, prewarm's and
     # suspend's schedule
     assert seen["steps"] == {
-        "AsyncCallsQueue.schedule_async_request": ["suspend", "prewarm"],
+        "AsyncCallsQueue.schedule_async_request": ["suspend", "prewarm", "cpu_snapshot"],
         "AsyncCallsQueue.maybe_finalize_async_calls": [],
         SYNC: [],
-        "PersistentAsyncCaller.close": ["suspend", "clear_on_close"],
+        "PersistentAsyncCaller.close": ["suspend", "clear_on_close", "cpu_snapshot"],
         "PersistentAsyncCaller.async_process_target": [],
     }, seen["steps"]
     assert fixes(seen)["clear_on_close"][0] == fixes(seen)["prewarm"][0] == "active"
@@ -269,7 +279,11 @@ lines = []""",
     assert err.count("boom") == 1, err
     assert fixes(seen)["worker_watch"][0] == "unsupported"
     assert fixes(seen)["clear_on_close"][0] == "error"  # its hook failed; its wrapper stays
-    assert seen["steps"]["PersistentAsyncCaller.close"] == ["suspend", "clear_on_close"]
+    assert seen["steps"]["PersistentAsyncCaller.close"] == [
+        "suspend",
+        "clear_on_close",
+        "cpu_snapshot",
+    ]
     assert seen["watch_installed"] == []
 
 

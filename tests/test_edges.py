@@ -451,7 +451,8 @@ def test_public_functions_while_another_thread_imports_nvrx():
     # one wrapper, never stacked: the watch, and where NVRx caches clear_on_close and suspend
     assert seen["close"]["depth"] == 1
     assert seen["close"]["steps"] == ["suspend", "clear_on_close"] * expect("cache") + [
-        "worker_watch"
+        "cpu_snapshot",
+        "worker_watch",
     ]
     core = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
     assert seen["states"][f"worker_watch {core}:PersistentAsyncCaller.close"] == "active"

@@ -199,7 +199,9 @@ def test_a_callback_that_fails_in_the_child_warns_and_status_says_why():
     )
     ((category, message),) = found["warnings"]  # one, visible by default
     assert category == "RuntimeWarning" and message.startswith(f"nvrx_ipc_fix: {reason} (pid")
-    patched = ["worker_watch"] + (["clear_on_close", "suspend"] if expect("cache") else [])
+    patched = ["worker_watch", "cpu_snapshot"] + (
+        ["clear_on_close", "suspend"] if expect("cache") else []
+    )
     errors = sorted(fix for fix, state, why in found["rows"] if state == "error" and reason in why)
     assert errors == sorted(patched), found
     assert found["ran"] == ["next"] and found["parent"].count("active") == len(patched), found

@@ -203,7 +203,7 @@ def test_unknown_shape_is_left_unpatched_with_the_reason():
             pass
         core.PersistentAsyncCaller.close = close
         # their close wrappers take any shape
-        os.environ["NVRX_IPC_FIX_DISABLE"] = "worker_watch,suspend"
+        os.environ["NVRX_IPC_FIX_DISABLE"] = "worker_watch,suspend,cpu_snapshot"
         nvrx_ipc_fix.activate()
         target = [t for t in nvrx_ipc_fix.status().targets
                   if t.fix == "clear_on_close" and t.target.endswith(".close")][0]
@@ -235,7 +235,7 @@ def test_the_watch_stands_aside_for_an_upstream_fix_and_an_unknown_queue(change,
         schedule = core.AsyncCallsQueue.__dict__["schedule_async_request"]
         {change}
         # they wrap schedule_async_request too
-        os.environ["NVRX_IPC_FIX_DISABLE"] = "prewarm,suspend"
+        os.environ["NVRX_IPC_FIX_DISABLE"] = "prewarm,suspend,cpu_snapshot"
         nvrx_ipc_fix.activate()
         fix = {{f.name: f for f in nvrx_ipc_fix.status().fixes}}["worker_watch"]
         print(json.dumps({{"state": str(fix.state), "reason": fix.reason,
@@ -321,7 +321,9 @@ def test_the_watch_passes_every_argument_of_a_save_to_nvrx():
     # one wrapper: worker_watch, and prewarm and suspend where they apply
     assert report["named"]["depth"]["depth"] == 1
     assert report["named"]["depth"]["steps"] == (
-        ["suspend"] * expect("cache") + ["prewarm"] * expect("warmup") + ["worker_watch"]
+        ["suspend"] * expect("cache")
+        + ["prewarm"] * expect("warmup")
+        + ["cpu_snapshot", "worker_watch"]
     )
     assert report["named"]["received"]["received"] == [{"rest": ["extra"], "priority": 3}] * 2
     assert [s["stale"] for s in report["saves"]] == [0, 0]

@@ -218,7 +218,8 @@ class Trainer:
                     )
         with open(path) as found:
             state = json.load(found)
-        self.private = state.get("private", self.private)
+        if isinstance(state, dict):  # the trainer's state (other files hold lists)
+            self.private = state.get("private", self.private)
         return state
 
     def kill(self, signum=signal.SIGKILL):

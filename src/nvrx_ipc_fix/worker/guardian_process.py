@@ -263,16 +263,25 @@ def main(argv):
                 chunk = os.read(0, 65536)
         except BlockingIOError:
             pass
-    guarded.end(twin(guarded))
-    if argv[2:] and os.path.basename(argv[2]).startswith("nvrx_ipc_fix-"):  # mkdtemp's
+    private = (
+        argv[2] if argv[2:] and os.path.basename(argv[2]).startswith("nvrx_ipc_fix-") else None
+    )
+    guarded.end(twin(guarded, private))
+    _remove(private)
+
+
+def _remove(private):
+    """Remove the trainer's private directory (mkdtemp's), which a killed trainer's exit
+    handler never removed."""
+    if private is not None:
         import shutil
 
-        shutil.rmtree(argv[2], ignore_errors=True)
+        shutil.rmtree(private, ignore_errors=True)
 
 
-def twin(guarded):
+def twin(guarded, private):
     """Fork a copy of this process that ends the same processes again once this process
-    has exited (see the module's docstring). Returns the descriptor to write their pids to,
+    has exited, and removes ``private`` (see the module's docstring). Returns the descriptor to write their pids to,
     or None if the fork failed."""
     try:
         named, tell = os.pipe()
@@ -288,6 +297,7 @@ def twin(guarded):
         lines += chunk
     guarded.read(lines)
     guarded.end()
+    _remove(private)  # where the guardian was killed before it did
     os._exit(0)
 
 
