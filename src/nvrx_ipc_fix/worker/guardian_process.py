@@ -281,8 +281,8 @@ def _remove(private):
 
 def twin(guarded, private):
     """Fork a copy of this process that ends the same processes again once this process
-    has exited, and removes ``private`` (see the module's docstring). Returns the descriptor to write their pids to,
-    or None if the fork failed."""
+    has exited, and removes ``private`` (see the module's docstring). Returns the descriptor
+    to write their pids to, or None if the fork failed."""
     try:
         named, tell = os.pipe()
         if os.fork() != 0:
