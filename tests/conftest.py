@@ -22,67 +22,32 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_ipc_fix.core.detect import NVRX_RELEASES
+
 
 try:
     NVRX = metadata.version("nvidia-resiliency-ext")
 except metadata.PackageNotFoundError:
     NVRX = None
 
-#: What each NVRx release does without the package (measured; README, "What it fixes").
-EXPECT = {
-    #        cache   stale after replace   hang after close   pointer check (PR #314)
-    #        worker_loop: the worker calls PersistentAsyncCaller.async_process_target by name
-    #        warmup: AsyncCallsQueue.warmup_persistent_caller (a worker can start before a save)
-    #        daemon: the persistent worker is daemonic by default (multiprocessing's exit
-    #        handler SIGTERMs it)
-    #        sigterm: close(abort=True) SIGTERMs the worker and waits sigterm_timeout for it
-    #        snapshots: the writer copies every CPU tensor of a save (PR #376); else the worker
-    #        writes the trainer's own, changed after the schedule (torn)
-    "0.4.1": dict(
-        cache=False,
-        stale=False,
-        hang=False,
-        upstream_ptrs=False,
-        worker_loop=False,
-        warmup=False,
-        daemon=False,
-        sigterm=False,
-        snapshots=False,
-    ),
-    "0.5.0": dict(
-        cache=False,
-        stale=False,
-        hang=False,
-        upstream_ptrs=False,
-        worker_loop=True,
-        warmup=False,
-        daemon=False,
-        sigterm=False,
-        snapshots=False,
-    ),
-    "0.6.0": dict(
-        cache=True,
-        stale=True,
-        hang=True,
-        upstream_ptrs=False,
-        worker_loop=True,
-        warmup=True,
-        daemon=True,
-        sigterm=False,
-        snapshots=False,
-    ),
-    "0.7.0": dict(
-        cache=True,
-        stale=False,
-        hang=True,
-        upstream_ptrs=True,
-        worker_loop=True,
-        warmup=True,
-        daemon=True,
-        sigterm=True,
-        snapshots=True,
-    ),
+#: What each NVRx release does without the package (measured; README, "What it fixes"), beside
+#: what its code has (the package's table, ``detect.NVRX_RELEASES``: cache, upstream_ptrs (PR
+#: #314), snapshots (PR #376: the writer copies every CPU tensor of a save; else the worker
+#: writes the trainer's own, changed after the schedule: torn), worker_loop (the worker calls
+#: PersistentAsyncCaller.async_process_target by name), warmup
+#: (AsyncCallsQueue.warmup_persistent_caller: a worker can start before a save)). Measured here:
+#:   stale after replace; hang after close
+#:   daemon: the persistent worker is daemonic by default (multiprocessing's exit handler
+#:   SIGTERMs it)
+#:   sigterm: close(abort=True) SIGTERMs the worker and waits sigterm_timeout for it
+MEASURED = {
+    "0.4.1": dict(stale=False, hang=False, daemon=False, sigterm=False),
+    "0.5.0": dict(stale=False, hang=False, daemon=False, sigterm=False),
+    "0.6.0": dict(stale=True, hang=True, daemon=True, sigterm=False),
+    "0.7.0": dict(stale=False, hang=True, daemon=True, sigterm=True),
 }
+assert sorted(MEASURED) == sorted(NVRX_RELEASES), "a release measured is one the package knows"
+EXPECT = {version: dict(NVRX_RELEASES[version], **found) for version, found in MEASURED.items()}
 #: NVRx's main at d8686d9 (2026-08-07), built from its repository for one run of the NVRx
 #: tests (docs/versions.md, "NVRx's main"): 0.7.0's code but for the CPU snapshots.
 EXPECT["0.7.0.dev89+d8686d9"] = dict(EXPECT["0.7.0"], snapshots=False)

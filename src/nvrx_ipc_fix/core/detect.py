@@ -23,6 +23,61 @@ SLIME_ACTOR = "slime.backends.megatron_utils.actor"
 MODULES = (CORE, FS, MCORE_ASYNC, MCORE_FS, MEGATRON, BRIDGE, NEMO_POLICY, NEMO_VALUE, SLIME_ACTOR)
 #: First release with the IPC tensor cache.
 FIRST_CACHING_RELEASE = (0, 6, 0)
+#: What each tested release of NVRx has that the fixes need, read from its code once, here
+#: (docs/versions.md): ``cache``, the IPC tensor cache (``_cached_identifiers``);
+#: ``upstream_ptrs``, its writer re-sends what moved (PR #314); ``snapshots``, its writer
+#: copies every CPU tensor of a save (PR #376); ``worker_loop``, its worker calls
+#: ``async_process_target`` by name; ``warmup``, ``AsyncCallsQueue.warmup_persistent_caller``;
+#: ``sigterm_timeout``, its caller takes one (``close(abort=True)`` SIGTERMs the worker and
+#: waits); ``wrap_exception``, what ``retrieve_write_results`` wraps a failure with for the
+#: finalize's gather (None: it raises). Its caller keeps its worker's queues on itself, made
+#: in ``__init__``. Another version (a git build, a newer release) is read by the names its
+#: classes have (``shapes``). tests/conftest.py's ``EXPECT`` is built from this table.
+NVRX_RELEASES: dict[str, dict[str, object]] = {
+    "0.4.1": dict(
+        cache=False,
+        upstream_ptrs=False,
+        snapshots=False,
+        worker_loop=False,
+        warmup=False,
+        sigterm_timeout=False,
+        wrap_exception=None,
+    ),
+    "0.5.0": dict(
+        cache=False,
+        upstream_ptrs=False,
+        snapshots=False,
+        worker_loop=True,
+        warmup=False,
+        sigterm_timeout=False,
+        wrap_exception="_wrap_exception",
+    ),
+    "0.6.0": dict(
+        cache=True,
+        upstream_ptrs=False,
+        snapshots=False,
+        worker_loop=True,
+        warmup=True,
+        sigterm_timeout=True,
+        wrap_exception="_wrap_exception",
+    ),
+    "0.7.0": dict(
+        cache=True,
+        upstream_ptrs=True,
+        snapshots=True,
+        worker_loop=True,
+        warmup=True,
+        sigterm_timeout=True,
+        wrap_exception="_wrap_exception_for_gather",
+    ),
+}
+#: megatron-core's copy of NVRx's async code, in the release read (the megatron tox env): its
+#: writer sends the trainer's own CPU tensors; its caller keeps its worker and queues on its
+#: class and takes no ``sigterm_timeout``.
+MCORE_RELEASES: dict[str, dict[str, object]] = {
+    "0.17.1": dict(snapshots=False, sigterm_timeout=False)
+}
+RELEASES = {NVRX_DIST: NVRX_RELEASES, MCORE_DIST: MCORE_RELEASES}
 #: The newest release of each distribution the package was tested with (the tox matrix and
 #: the GPU runs). A newer one is "untested": the fixes still apply where their probes pass.
 TESTED = {NVRX_DIST: "0.7.0", MCORE_DIST: "0.19.2"}
@@ -102,6 +157,8 @@ def release_has_cache(version: str | None) -> bool | None:
     Dev and local builds (``0.5.0.dev94+g1ae74b7``) return ``None``: git main had the
     cache before 0.6.0 was tagged, so only a probe of the classes can tell.
     """
+    if version in NVRX_RELEASES:
+        return bool(NVRX_RELEASES[version]["cache"])
     if not version or version == "unknown":
         return None
     try:

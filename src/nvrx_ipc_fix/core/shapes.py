@@ -1,10 +1,13 @@
 """What NVRx and megatron-core look like in this process: every difference between their
-versions that the package relies on, decided by probes of their code (a version number only
-says what to expect of an NVRx not imported yet), and the one way the fixes, ``release()``,
-prewarm and the after-fork code reach what differs.
+versions that the package relies on, and the one way the fixes, ``release()``, prewarm and
+the after-fork code reach what differs.
 
-* **Probes** (``worker_cache`` … ``collective_problem``): what a module's classes have,
+* **Probes** (``worker_cache`` … ``collective_problem``): what a module's release has,
   decided when it is imported; the target table (``targets``) takes its verdicts from here.
+  A release in ``detect.RELEASES`` is decided by that table; any other version (a git build,
+  a newer release) by the names its classes have (``hasattr``, signatures), never by reading
+  its code. One probe reads code whatever the version: ``collective_problem``, since the
+  worker watch's failure flag must ride on no other collective than the one-int sum.
 * **Callers and queues**: NVRx's persistent caller keeps its worker and queues on itself,
   per queue; megatron-core's copy keeps them on its classes, one per process. A class's
   shape (``Caller``) is read once, at its first use, and kept.
@@ -24,9 +27,38 @@ from __future__ import annotations
 
 import sys
 
-from .detect import CORE, FS, MCORE_FS, NVRX_DIST, distribution_version, release_has_cache
+from .detect import (
+    CORE,
+    FS,
+    MCORE_FS,
+    NVRX_DIST,
+    RELEASES,
+    distribution_of,
+    distribution_version,
+    release_has_cache,
+)
 
-# -- probes: which fix applies to the module's code ---------------------------------------------
+# -- probes: which fix applies to the module's release ------------------------------------------
+
+_versions: dict[str, str | None] = {}  # distribution -> its version, read once
+
+
+def known_release(module):
+    """The facts ``detect.RELEASES`` holds of the release that ships ``module`` (NVRx's or
+    megatron-core's), or None: a version outside the table, read by its names."""
+    dist = distribution_of(getattr(module, "__name__", None) or "")
+    if dist not in RELEASES:
+        return None
+    if dist not in _versions:
+        _versions[dist] = distribution_version(dist)
+    return RELEASES[dist].get(_versions[dist])
+
+
+def _fact(module, fact, found):
+    """``fact`` of the release that ships ``module`` (``detect.RELEASES``), else ``found()``:
+    what the names of its classes say."""
+    known = known_release(module)
+    return known[fact] if known is not None and fact in known else found()
 
 
 def nvrx_worker_cache(_module):
@@ -50,7 +82,7 @@ def worker_cache(core):
         if core is None or initializing(core):
             return None  # decided once the module is imported
         return "not_applicable", "this NVRx has no persistent worker"
-    if hasattr(caller, "_worker_data_cache"):
+    if _fact(core, "cache", lambda: hasattr(caller, "_worker_data_cache")):
         return "active", "NVRx caches tensors in its persistent worker"
     return "not_applicable", (
         "this NVRx has no worker cache (no PersistentAsyncCaller._worker_data_cache)"
@@ -65,7 +97,7 @@ def _cache_missing(fs):
         if fs is None or initializing(fs):
             return None  # decided once the module is imported
         return "not_applicable", "this NVRx has no FileSystemWriterAsync"
-    if "_cached_identifiers" not in vars(writer):
+    if not _fact(fs, "cache", lambda: "_cached_identifiers" in vars(writer)):
         return "not_applicable", (
             "this NVRx has no IPC tensor cache (no FileSystemWriterAsync._cached_identifiers)"
         )
@@ -78,7 +110,7 @@ def writer_cache(fs):
     if missing is not False:
         return missing
     writer = fs.FileSystemWriterAsync
-    if hasattr(writer, "_cached_tensor_data_ptrs"):
+    if _fact(fs, "upstream_ptrs", lambda: hasattr(writer, "_cached_tensor_data_ptrs")):
         return "fixed_upstream", "NVRx re-sends when data pointers change (NVRx PR #314)"
     if not hasattr(fs, "_compute_data_structure_key_from_plan"):
         return "unsupported", "filesystem_async has no _compute_data_structure_key_from_plan"
@@ -105,27 +137,20 @@ RESULTS_QUEUE_USERS = ("prepare_write_data", "get_save_function_and_args", "retr
 
 def shared_results(fs):
     """NVRx filesystem_async: does each save's writer take its results from the queue
-    ``prepare_write_data`` gives it (NVRx's one per process, ``_results_queue``)? Read from
-    the code of its methods, beneath any wrapper."""
-    import inspect
-
+    ``prepare_write_data`` gives it (NVRx's one per process, ``_results_queue``)? Every
+    release in the table does; another version needs the methods that use it."""
     writer = getattr(fs, "FileSystemWriterAsync", None)
     if writer is None:
         if fs is None or initializing(fs):
             return None  # decided once the module is imported
         return "not_applicable", "this NVRx has no FileSystemWriterAsync"
-    missing = [
-        name
-        for name in RESULTS_QUEUE_USERS
-        if "results_queue"
-        not in getattr(
-            getattr(inspect.unwrap(vars(writer).get(name, None)), "__code__", None), "co_names", ()
-        )
-    ]
+    missing = (
+        [] if known_release(fs) else [n for n in RESULTS_QUEUE_USERS if not hasattr(writer, n)]
+    )
     if missing:
         return "unsupported", (
-            f"FileSystemWriterAsync.{', '.join(missing)} does not use "
-            "results_queue as the fix expects"
+            f"FileSystemWriterAsync has no {', '.join(missing)}, which the fix expects to "
+            "use results_queue"
         )
     return "active", (
         "each save takes its results from a queue of its own (NVRx shares one per process)"
@@ -135,27 +160,17 @@ def shared_results(fs):
 def cpu_snapshots(fs):
     """A writer module (NVRx's filesystem_async, megatron-core's copy): does its
     ``prepare_write_data`` hand the worker CPU tensors as they are, the trainer's own
-    storage, which the worker reads after the schedule returned? Read from the code of its
-    methods, beneath any wrapper."""
+    storage, which the worker reads after the schedule returned? Outside the table: NVRx
+    0.7.0's refactor that copies them also added ``_wrap_exception_for_gather``. Where a
+    writer keeps its tensors in no place the copy knows, the copy raises (``copy_fresh``)."""
     writer = getattr(fs, "FileSystemWriterAsync", None)
     if writer is None:
         if fs is None or initializing(fs):
             return None  # decided once the module is imported
         return "not_applicable", "this version has no FileSystemWriterAsync"
-    prepare, preload = (
-        _codes(vars(writer).get(name)) for name in ("prepare_write_data", "preload_tensors")
-    )
-    copies = [code for code in prepare[1:] if "clone" in code.co_names]  # its nested resolver
-    if any("untyped_storage" not in code.co_names for code in copies) or any(
-        "clone" in code.co_names for code in preload
-    ):
+    if _fact(fs, "snapshots", lambda: hasattr(fs, "_wrap_exception_for_gather")):
         return "fixed_upstream", (
             "NVRx copies every CPU tensor of a save before its schedule returns (NVRx PR #376)"
-        )
-    if not prepare or not {"uncached_tensor_data", "write_buckets"} & set(prepare[0].co_names):
-        return "unsupported", (
-            "FileSystemWriterAsync.prepare_write_data keeps its tensors "
-            "neither in uncached_tensor_data nor in write_buckets"
         )
     return "active", (
         "a save's CPU tensors are copied at its schedule on a persistent worker (this "
@@ -171,22 +186,6 @@ def persistent_queue(module):
     if not hasattr(module, "PersistentAsyncCaller") or not hasattr(module, "AsyncCallsQueue"):
         return "not_applicable", "this version has no persistent checkpoint worker"
     return "active", "a save's CPU tensors are copied at its schedule on a persistent worker"
-
-
-def _codes(function):
-    """The code of ``function`` (a staticmethod too, beneath any wrapper) and of every
-    function nested in it; empty where it has none."""
-    import inspect
-    import types
-
-    function = inspect.unwrap(getattr(function, "__func__", function))
-    found, todo = [], [getattr(function, "__code__", None)]
-    while todo:
-        code = todo.pop()
-        if isinstance(code, types.CodeType):
-            found.append(code)
-            todo.extend(code.co_consts)
-    return found
 
 
 def persistent_worker(module):
@@ -232,8 +231,11 @@ def warm_up(module):
     if (
         queue is None
         or caller is None
-        or not hasattr(queue, "warmup_persistent_caller")
-        or "_start_worker" not in vars(caller)
+        or not _fact(
+            module,
+            "warmup",
+            lambda: hasattr(queue, "warmup_persistent_caller") and "_start_worker" in vars(caller),
+        )
     ):
         return "not_applicable", (
             "this NVRx starts its worker only inside a save (no "
@@ -246,19 +248,17 @@ def warm_up(module):
 
 def worker_loop(module):
     """NVRx core: does the worker call ``async_process_target`` by name, never as the
-    process target that NVRx pickles (the code that starts the worker does not name it)?"""
+    process target that NVRx pickles? Outside the table: where the daemon worker's loop
+    (``async_loop_for_daemon_worker``) is there to call it, as in every release since 0.5.0."""
     watched = persistent_worker(module)
     if watched is None or watched[0] != "active":
         return watched  # the worker watch is not installed, so neither is this part
-    caller = module.PersistentAsyncCaller
-    if "async_process_target" not in vars(caller):
+    names = vars(module.PersistentAsyncCaller)
+    loop = ("async_process_target", "async_loop_for_daemon_worker")
+    if not _fact(module, "worker_loop", lambda: all(name in names for name in loop)):
         return "not_applicable", (
             "no PersistentAsyncCaller.async_process_target: the worker's traceback stays on stderr"
         )
-    starters = [vars(caller).get(name) for name in ("_start_worker", "schedule_async_call")]
-    codes = [getattr(f, "__code__", None) for f in starters if f is not None]
-    if not codes or any(code is None or "async_process_target" in code.co_names for code in codes):
-        return "unsupported", "async_process_target may be the worker's Process target (pickled)"
     return "active", "the worker leaves the traceback of an uncaught exception for the trainer"
 
 
@@ -295,25 +295,30 @@ class Caller:
     preload and completion queues (None: unknown); ``on_class``, megatron-core's way (the
     worker and queues on the class, the queue's caller on the queue class); ``abort_waits``,
     whether ``close(abort=True)`` SIGTERMs the worker and waits ``sigterm_timeout`` for it
-    (NVRx 0.6.0+)."""
+    (NVRx 0.6.0+). NVRx's caller makes its queues in ``__init__``, on itself: a version
+    outside the table that renamed them fails where they are read (``worker_queues``)."""
 
     __slots__ = ("queues", "on_class", "abort_waits")
 
     def __init__(self, cls):
-        import inspect
-
-        init = getattr(cls, "__init__", None)
-        names = getattr(getattr(init, "__code__", None), "co_names", ())
-        if {*NVRX_QUEUES, "process"} <= set(names):
-            self.queues, self.on_class = NVRX_QUEUES, False
-        elif all(hasattr(cls, name) for name in MCORE_QUEUES):
+        module = sys.modules.get(cls.__module__)
+        if all(hasattr(cls, name) for name in MCORE_QUEUES):
             self.queues, self.on_class = MCORE_QUEUES, True
+        elif distribution_of(cls.__module__) == NVRX_DIST:
+            self.queues, self.on_class = NVRX_QUEUES, False
         else:
             self.queues, self.on_class = None, False
-        try:
-            self.abort_waits = "sigterm_timeout" in inspect.signature(init).parameters
-        except (TypeError, ValueError):
-            self.abort_waits = False
+        self.abort_waits = _fact(module, "sigterm_timeout", lambda: _takes(cls, "sigterm_timeout"))
+
+
+def _takes(cls, name):
+    """Does ``cls(...)`` take parameter ``name``?"""
+    import inspect
+
+    try:
+        return name in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 _shapes: dict[type, Caller] = {}  # caller class -> Caller
@@ -337,7 +342,7 @@ def worker_queues(caller):
     (megatron-core: its class's, while its worker is this caller's)."""
     shape = caller_shape(type(caller))
     if not shape.on_class:
-        return tuple(getattr(caller, name) for name in NVRX_QUEUES)
+        return tuple(getattr(caller, name) for name in shape.queues or NVRX_QUEUES)
     cls = type(caller)
     if caller.process is None or getattr(cls, "_persistent_process", None) is not caller.process:
         return None, None, None
@@ -574,6 +579,11 @@ def copy_fresh(writer, copy):
             items, tensors = writer.uncached_tensor_data
             tensors[:] = [copy(item, tensor) for item, tensor in zip(items, tensors)]
         return
+    if not hasattr(writer, "write_buckets"):
+        raise RuntimeError(
+            "FileSystemWriterAsync.prepare_write_data kept its tensors neither in "
+            "uncached_tensor_data nor in write_buckets: this save's CPU tensors are not copied"
+        )
     for _path, _name, (_bytes, tensors) in writer.write_buckets or ():
         tensors[:] = [(item, copy(item, tensor)) for item, tensor in tensors]
 
@@ -637,20 +647,16 @@ def results_queue_of(writer):
     return getattr(writer, "results_queue", None)
 
 
-def failed_retrieval(fs, retrieve, exc):
-    """``exc`` as NVRx's ``retrieve_write_results`` (``retrieve``, the original) reports a
-    failure: returned wrapped for the finalize's gather where it wraps its own (0.5.0+:
-    every rank then raises), else raised (0.4.1)."""
-    import inspect
-
-    names = getattr(getattr(inspect.unwrap(retrieve), "__code__", None), "co_names", ())
+def failed_retrieval(fs, exc):
+    """``exc`` as NVRx's ``retrieve_write_results`` reports a failure: returned wrapped for
+    the finalize's gather where it wraps its own (0.5.0+: every rank then raises), else
+    raised (0.4.1). Outside the table: the first of NVRx's wrappers that ``fs`` has."""
+    known = known_release(fs)
+    names = (
+        [known["wrap_exception"]] if known else ["_wrap_exception_for_gather", "_wrap_exception"]
+    )
     wrap = next(
-        (
-            getattr(fs, name)
-            for name in ("_wrap_exception_for_gather", "_wrap_exception")
-            if name in names and callable(getattr(fs, name, None))
-        ),
-        None,
+        (getattr(fs, name) for name in names if name and callable(getattr(fs, name, None))), None
     )
     if wrap is None:
         raise exc

@@ -93,7 +93,6 @@ def retrieve_write_results_wrapper(wrapped, instance, args, kwargs):
         return result
     return _shapes.failed_retrieval(
         sys.modules[FS],
-        wrapped,
         RuntimeError(
             "nvrx_ipc_fix own_results: this save's write results cannot be told from another's: "
             "both took NVRx's one results queue while in flight (the fix could not give them "
