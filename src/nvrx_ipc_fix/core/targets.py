@@ -90,7 +90,7 @@ def release_policy(module):
 
 
 #: What activation imports as these modules are imported, whatever the fixes: the code that,
-#: in a child of ``os.fork()``, lets go of the parent's checkpoint workers.
+#: in a child of ``os.fork()``, drops the parent's checkpoint workers.
 ALWAYS = {CORE: ("worker.inherited",), MCORE_ASYNC: ("worker.inherited",)}
 
 

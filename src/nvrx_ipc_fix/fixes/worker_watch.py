@@ -24,8 +24,8 @@ into the worker is touched):
 * ``AsyncCallsQueue.maybe_finalize_async_calls``: a failed save is dropped (never
   finalized); the finalize goes on with the saves behind it as NVRx would (a blocking one
   waits for them all), then raises one error naming every save that was not saved.
-* ``PersistentAsyncCaller.close``: a dead worker is let go without waiting; a worker that
-  dies during the close ends the wait.
+* ``PersistentAsyncCaller.close``: a dead worker is detached (its queues closed) without
+  waiting; a worker that dies during the close ends the wait.
 * ``AsyncCallsQueue.close``: when the finalize it starts with ends in a failed checkpoint
   and leaves nothing pending, the failure is held while NVRx's close goes on (called once),
   then raised; the same for Megatron's and Bridge's ``maybe_finalize_async_save(terminate=
@@ -45,7 +45,7 @@ waits on it (``_abort``): once NVRx's abort is done, the save's handshake is ans
 its finalize's wait ends, with one ``CheckpointWorkerError`` that names the abort; a schedule
 raises it at once and takes back NVRx's record of the save.
 
-When a worker is found dead, it is let go (``worker.registry.abandon``: the completions it sent
+When a worker is found dead, it is detached (``worker.registry.abandon``: the completions it sent
 are read, its queues closed, the trainer-side caches cleared, so the next save sends full
 tensors) and the queue forgets the caller (the next save spawns a fresh worker;
 megatron-core's class-level worker state is reset). Nothing here waits or talks to other
@@ -246,7 +246,7 @@ def _reporting(request):
 
 
 def _died_before(queue, entry, process, when, exitcode=None):
-    """The worker died before it took ``entry``'s save: let it go, make the queue start a
+    """The worker died before it took ``entry``'s save: detach it, make the queue start a
     fresh one, and schedule the save as failed."""
     save, caller, _ = entry
     error = _own_failure(caller, save, process, when, exitcode)
@@ -467,7 +467,7 @@ def done_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
                 error = _lost(save, state.death)
         elif _workers.process_of(caller) is not None:
             caller.cur_item, error = _completion(caller, save, blocking)
-        elif save is not None and state.aborting is not None:  # NVRx's abort let it go
+        elif save is not None and state.aborting is not None:  # NVRx's abort ended it
             error = _aborted(save, state.aborting, "before it completed this save")
     if error is not None:
         caller.cur_item = save  # NVRx waits for nothing more here: its count is done
@@ -602,12 +602,12 @@ def _consume(caller, state, save):
 
 def close_wrapper(wrapped, caller, args, kwargs, _finalizing=sys.is_finalizing):
     """Around ``PersistentAsyncCaller.close``: never wait on a dead worker; one that dies
-    during the close is let go with its queues (NVRx 0.4.1 would start the next worker on
+    during the close is detached, its queues closed (NVRx 0.4.1 would start the next worker on
     them: a lock or a ``DONE`` the dead one left holds that worker up for ever). An abort
     wakes the worker first (``_wake``)."""
     if _finalizing():  # bound early: module globals are gone by then
         if getattr(caller, "process", None) is None:
-            return None  # nothing to close (a worker we let go)
+            return None  # nothing to close (a dead worker detached)
         return wrapped(*args, **kwargs)
     process = _workers.process_of(caller)
     with guard(_target(wrapped), own=True) as it:
@@ -660,7 +660,7 @@ def _abort(wrapped, caller, args, kwargs, process):
 
 def _aborted_worker(target, caller, state, process, handshake, returned):
     """After NVRx's abort of ``caller``'s ``process``: where it returned (megatron-core's
-    SIGKILLs the worker and does not wait) or the worker is gone, that worker is let go as a
+    SIGKILLs the worker and does not wait) or the worker is gone, that worker is detached as a
     dead one (``Death`` naming the abort: the save waiting on it, or finalized later, raises;
     what it had completed is finalized) and a preload handshake waiting on it is answered.
     Nothing here raises: a failure is the package's, said once."""
@@ -767,7 +767,7 @@ def _completion(caller, save, blocking):
         state = _workers.state(caller)
         if state.aborting is not None and state.death is None:
             return None  # NVRx's abort is under way: its end ends this wait (``_abort``)
-        if state.death is not None:  # let go (aborted): it completed this save, or never will
+        if state.death is not None:  # detached (aborted): it completed this save, or never will
             item = take(0)
             if item is None and save in state.completed:
                 item = save
@@ -798,7 +798,7 @@ def _completion(caller, save, blocking):
 
 def _own_failure(caller, save, process, when="while writing it", exitcode=None):
     """The error for this rank's dead worker, kept as its caller's ``death``; the worker is
-    let go (``_workers.abandon``)."""
+    detached (``_workers.abandon``)."""
     pid = getattr(process, "pid", None)
     if exitcode is None and process is not None:
         exitcode = _monitor.exitcode(process, settle=0.5)

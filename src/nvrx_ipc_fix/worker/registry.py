@@ -52,16 +52,16 @@ class Death(
 _callers: weakref.WeakKeyDictionary[Any, _CallerState] = weakref.WeakKeyDictionary()
 #: _callers: written by the trainer, the resume and prewarm threads
 _lock = _fork.renewed(threading.Lock())
-#: Callers whose worker was let go. megatron-core keeps its worker and queues on the class:
-#: no other caller may reach them through the class (a closed caller's ``__del__`` closes
-#: "its" worker whenever the garbage collector runs).
+#: Callers whose dead worker is no longer tracked. megatron-core keeps its worker and queues
+#: on the class: no other caller may reach them through the class (a closed caller's
+#: ``__del__`` closes "its" worker whenever the garbage collector runs).
 _abandoned: weakref.WeakSet[Any] = weakref.WeakSet()
 #: queue -> no_dist of its last finalize call
 _no_dist: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _forget_the_parent():
-    """In a child of ``os.fork()``: the callers the watch saw let go of the parent's workers
+    """In a child of ``os.fork()``: the callers the watch saw drop the parent's workers
     (``worker.inherited``, which finds the others), and the watch keeps no record of them."""
     global _callers, _abandoned
     inherited.forget(list(_callers))
@@ -105,8 +105,8 @@ def at_exit():
 
 
 def process_of(caller):
-    """The caller's worker process (None for one whose worker was let go); its status is read
-    by one thread at a time (``exit_status``)."""
+    """The caller's worker process (None for one whose dead worker is no longer tracked); its
+    status is read by one thread at a time (``exit_status``)."""
     if caller is None or caller in _abandoned:
         return None
     return _exit_status.one_reader(getattr(caller, "process", None))
@@ -114,7 +114,7 @@ def process_of(caller):
 
 def queues_of(caller):
     """``(request queue, preload queue, completion queue)`` of the caller (None for a caller
-    whose worker was let go)."""
+    whose dead worker is no longer tracked)."""
     if caller is None or caller in _abandoned:
         return None, None, None
     return _shapes.worker_queues(caller)
@@ -194,7 +194,7 @@ def forget_process(caller, process):
 
 
 def abandoned(caller):
-    """Was the caller's worker let go (``abandon``)? Its queues are closed."""
+    """Is the caller's dead worker no longer tracked (``abandon``)? Its queues are closed."""
     return caller is not None and caller in _abandoned
 
 

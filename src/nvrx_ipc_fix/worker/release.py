@@ -365,7 +365,7 @@ def _close(q, timeout, tally):
 
 def _flush(q, timeout, tally):
     """``flush``: the worker drops its cache (``inside.drop_cache``) and stays; the error, if
-    it did not answer (it was then aborted or let go)."""
+    it did not answer (it was then aborted, or, dead, detached)."""
     from .inside import drop_cache
 
     # NVRx's queues, or its abort of a worker that did not answer, may raise
@@ -415,7 +415,7 @@ def run_in_worker(queue, function, args, timeout):
     worker's completion queue, so ``AsyncCallsQueue`` bookkeeping (and its collectives) is
     untouched. Unless the answer was read (a timeout, the worker's death, an exception or
     an interrupt here), the worker's state is unknown and a late answer could be taken for
-    a save's: the worker is aborted (or, dead, let go) and the next save starts a fresh one.
+    a save's: the worker is aborted (or, if dead, detached) and the next save starts a fresh one.
     """
     caller = _shapes.caller_of(queue)
     requests, _, completions = _shapes.worker_queues(caller)
@@ -427,7 +427,7 @@ def run_in_worker(queue, function, args, timeout):
         error, answered = _answer(completions, _workers.process_of(caller), timeout)
         return error
     finally:
-        if not answered and _workers.aborted_by(caller) is None:  # else that abort let it go
+        if not answered and _workers.aborted_by(caller) is None:  # else that abort ended it
             if _workers.alive(_workers.process_of(caller)):
                 queue.close(abort=True)  # the worker watch wakes it for NVRx 0.7.0's
             else:
